@@ -1,0 +1,29 @@
+"""Per-client document priorities for Celery: light clients first, heavy ones later."""
+
+from __future__ import annotations
+
+from .config import RouterConfig
+from .decision import Decision, Reason
+from .errors import ConfigurationError, CounterUnavailable, PriorityRouterError
+from .policy import DOCBITS_THRESHOLDS, Policy, Threshold
+from .router import PriorityRouter
+from .wire import Transport, from_wire, to_wire
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DOCBITS_THRESHOLDS",
+    "ConfigurationError",
+    "CounterUnavailable",
+    "Decision",
+    "Policy",
+    "PriorityRouter",
+    "PriorityRouterError",
+    "Reason",
+    "RouterConfig",
+    "Threshold",
+    "Transport",
+    "__version__",
+    "from_wire",
+    "to_wire",
+]

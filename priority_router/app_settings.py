@@ -1,0 +1,88 @@
+"""The Celery settings without which broker priorities silently do nothing.
+
+They are merged into the user's configuration: a value the user set themselves
+is kept, and a warning names the setting and what keeping it costs.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import Celery
+
+from .wire import AMQP_MAX_PRIORITY, Transport
+
+logger = logging.getLogger("priority_router")
+
+#: kombu's Redis transport keeps one list per step; 0..9 gives every logical level its own.
+REDIS_PRIORITY_STEPS = list(range(10))
+
+_COSTS = {
+    "worker_prefetch_multiplier": "each worker process reserves more messages ahead, "
+    "so urgent documents published later wait behind them",
+    "task_acks_late": "a message is acknowledged before it runs, so the worker fetches "
+    "(and commits to) the next one early, and a crashed worker loses its document",
+    "priority_steps": "logical priorities that share a step are served in arrival order",
+    "queue_order_strategy": "queues are polled in another order than their priority",
+    "task_queue_max_priority": "RabbitMQ queues declared without x-max-priority >= 10 "
+    "ignore or clip message priorities",
+}
+
+
+def is_explicit(app: Celery, key: str) -> bool:
+    """Whether ``key`` was set by the user rather than left at Celery's default."""
+    maps = getattr(app.conf, "maps", None)
+    if not maps:
+        return key in app.conf
+    return any(key in m for m in maps[:-1])
+
+
+def apply_priority_settings(app: Celery, transport: Transport) -> None:
+    """Merge the priority-related settings into ``app.conf``."""
+    conf = app.conf
+    _prefer(app, "worker_prefetch_multiplier", 1)
+    _prefer(app, "task_acks_late", True)
+    if transport is Transport.REDIS:
+        options: dict[str, Any] = dict(conf.broker_transport_options or {})
+        _prefer_option(options, "priority_steps", REDIS_PRIORITY_STEPS)
+        _prefer_option(options, "queue_order_strategy", "priority")
+        conf.broker_transport_options = options
+    elif transport is Transport.AMQP:
+        current = conf.task_queue_max_priority
+        if current is None:
+            conf.task_queue_max_priority = AMQP_MAX_PRIORITY
+        elif current < AMQP_MAX_PRIORITY:
+            _warn_kept("task_queue_max_priority", current, AMQP_MAX_PRIORITY)
+
+
+def _prefer(app: Celery, key: str, wanted: object) -> None:
+    current = app.conf.get(key)
+    if current == wanted:
+        return
+    if is_explicit(app, key):
+        _warn_kept(key, current, wanted)
+        return
+    app.conf[key] = wanted
+
+
+def _prefer_option(options: dict[str, Any], key: str, wanted: object) -> None:
+    if key not in options:
+        options[key] = wanted
+        return
+    current = options[key]
+    if isinstance(wanted, list) and isinstance(current, list | tuple):
+        current = list(current)
+    if current != wanted:
+        _warn_kept(f"broker_transport_options[{key!r}]", options[key], wanted)
+
+
+def _warn_kept(setting: str, current: object, wanted: object) -> None:
+    base = setting.split("[")[-1].strip("'\"]") if "[" in setting else setting
+    logger.warning(
+        "priority-router keeps your %s=%r (it would set %r): %s",
+        setting,
+        current,
+        wanted,
+        _COSTS.get(base, "priorities may not take full effect"),
+    )

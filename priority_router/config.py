@@ -1,0 +1,165 @@
+"""The router's settings: one frozen, validated object."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from .errors import ConfigurationError
+from .policy import DOCBITS_THRESHOLDS, LEAST_URGENT, MOST_URGENT, Policy
+
+#: Called as ``getter(task_name, args, kwargs, headers)``; returns a client id or None.
+ClientIdGetter = Callable[[str, tuple[Any, ...], dict[str, Any], dict[str, Any]], object]
+
+ENV_PREFIX = "PRIORITY_ROUTER_"
+_REDIS_SCHEMES = ("redis", "rediss", "unix")
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    """Every setting of a :class:`~priority_router.PriorityRouter`.
+
+    Each field except ``thresholds`` and ``client_id_getter`` can also come from an
+    environment variable ``PRIORITY_ROUTER_<FIELD NAME IN CAPITALS>`` through
+    :meth:`from_env`.
+    """
+
+    redis_url: str = "redis://localhost:6379/0"
+    reset_interval: float = 1500.0
+    thresholds: Policy = DOCBITS_THRESHOLDS
+    default_priority: int = 5
+    key_prefix: str = "priority-router:"
+    client_id_header: str = "client_id"
+    client_id_kwarg: str = "client_id"
+    client_id_getter: ClientIdGetter | None = None
+    #: Task names or globs whose publishes are counted; None counts every task.
+    tasks: tuple[str, ...] | None = None
+    #: Seconds the counter may take to connect / to answer before publishing fails open.
+    connect_timeout: float = 0.05
+    socket_timeout: float = 0.05
+    #: Seconds the router stops asking a failed counter store before probing again.
+    cooldown: float = 5.0
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        set_(self, "redis_url", _check_redis_url(self.redis_url))
+        set_(self, "reset_interval", _positive("reset_interval", self.reset_interval))
+        set_(self, "connect_timeout", _positive("connect_timeout", self.connect_timeout))
+        set_(self, "socket_timeout", _positive("socket_timeout", self.socket_timeout))
+        set_(self, "cooldown", _positive("cooldown", self.cooldown))
+        set_(self, "thresholds", _policy(self.thresholds))
+        dp = self.default_priority
+        if isinstance(dp, bool) or not isinstance(dp, int) or not MOST_URGENT <= dp <= LEAST_URGENT:
+            raise ConfigurationError(
+                "default_priority",
+                f"{dp!r} is outside {MOST_URGENT}..{LEAST_URGENT}",
+                "use a whole number from 1 (most urgent) to 9 (least); the default is 5",
+            )
+        for name in ("key_prefix", "client_id_header", "client_id_kwarg"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise ConfigurationError(name, f"{value!r} is not a non-empty string", "give a name")
+        if "{" in self.key_prefix or "}" in self.key_prefix:
+            raise ConfigurationError(
+                "key_prefix",
+                f"{self.key_prefix!r} contains a brace",
+                "drop the { } characters: the router adds its own Redis Cluster hash tag",
+            )
+        if self.client_id_getter is not None and not callable(self.client_id_getter):
+            raise ConfigurationError(
+                "client_id_getter",
+                f"{self.client_id_getter!r} is not callable",
+                "pass a function (task_name, args, kwargs, headers) -> client id, or None",
+            )
+        set_(self, "tasks", _tasks(self.tasks))
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> RouterConfig:
+        """Settings from ``PRIORITY_ROUTER_*`` variables; ``overrides`` win over them."""
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            if f.name in ("thresholds", "client_id_getter"):
+                continue
+            raw = environ.get(ENV_PREFIX + f.name.upper())
+            if raw is not None and f.name not in overrides:
+                values[f.name] = _parse_env(f.name, raw)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+
+def _parse_env(name: str, raw: str) -> Any:
+    env = ENV_PREFIX + name.upper()
+    if name in ("reset_interval", "connect_timeout", "socket_timeout", "cooldown"):
+        try:
+            return float(raw)
+        except ValueError:
+            raise ConfigurationError(env, f"{raw!r} is not a number", "set it to seconds, e.g. 1500") from None
+    if name == "default_priority":
+        try:
+            return int(raw)
+        except ValueError:
+            raise ConfigurationError(env, f"{raw!r} is not a whole number", "set it to 1..9") from None
+    if name == "tasks":
+        return tuple(t.strip() for t in raw.split(",") if t.strip()) or None
+    return raw
+
+
+def _positive(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        raise ConfigurationError(name, f"{value!r} is not a positive number of seconds", "use a value > 0")
+    return float(value)
+
+
+def _policy(value: object) -> Policy:
+    if isinstance(value, Policy):
+        return value
+    if isinstance(value, Iterable) and not isinstance(value, str | bytes):
+        return Policy.from_rows(value)  # type: ignore[arg-type]
+    raise ConfigurationError(
+        "thresholds",
+        f"{value!r} is not a threshold table",
+        "pass a Policy or (limit, priority) rows, e.g. DOCBITS_THRESHOLDS",
+    )
+
+
+def _tasks(value: object) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, Iterable) or not all(isinstance(t, str) and t for t in value):
+        raise ConfigurationError(
+            "tasks", f"{value!r} is not a list of task names", "pass names or globs, e.g. ['docs.*']"
+        )
+    return tuple(value)
+
+
+def _check_redis_url(url: object) -> str:
+    from redis.connection import parse_url
+
+    from .redact import redact_url
+
+    if not isinstance(url, str) or "://" not in url:
+        raise ConfigurationError(
+            "redis_url",
+            f"{url!r} is not a Redis URL",
+            "use redis://host:port/db, rediss://host:port/db (TLS) or unix:///path.sock",
+        )
+    scheme = url.split("://", 1)[0].lower()
+    if scheme not in _REDIS_SCHEMES:
+        raise ConfigurationError(
+            "redis_url",
+            f"scheme {scheme!r} in {redact_url(url)} is not a Redis scheme",
+            "use redis://, rediss:// (TLS) or unix://",
+        )
+    try:
+        parse_url(url)
+    except (ValueError, TypeError) as exc:
+        raise ConfigurationError(
+            "redis_url", f"{redact_url(url)} cannot be parsed ({exc})", "use redis://host:port/db"
+        ) from None
+    return url

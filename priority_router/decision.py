@@ -1,0 +1,28 @@
+"""The result of routing one document."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Reason(str, Enum):
+    COUNTED = "counted"
+    INHERITED = "inherited"
+    NO_CLIENT = "no-client"
+    NOT_COUNTED = "not-counted"
+    FAIL_OPEN = "fail-open"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A client's pending count and the logical priority (1 most urgent .. 9) it maps to.
+
+    ``pending`` is None when the count is unknown (no client id, or the counter store
+    failed and the default priority was used).
+    """
+
+    client_id: str | None
+    pending: int | None
+    priority: int
+    reason: Reason = Reason.COUNTED

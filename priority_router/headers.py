@@ -1,0 +1,12 @@
+"""Names of the message headers that carry the router's decision downstream."""
+
+from __future__ import annotations
+
+#: Logical priority (1 most urgent .. 9) given to the document.
+PRIORITY = "priority_router_priority"
+#: The client's pending count at the check (None when it was not counted).
+PENDING = "priority_router_pending"
+#: How the priority was decided: counted, inherited, default, fail-open, no-client, not-counted.
+REASON = "priority_router_reason"
+#: Publish time (Unix seconds) for measuring queue wait on the worker.
+PUBLISHED_AT = "priority_router_published_at"

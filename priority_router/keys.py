@@ -1,0 +1,62 @@
+"""Client ids: which values are ids, and how an id becomes a short Redis key.
+
+The encoding is injective: two distinct ids never share a key.  Short ids are
+percent-escaped (so ``{``, ``}``, ``:``, ``*``, control bytes and non-ASCII never
+reach the key text raw); ids whose escaped form is long are replaced by a hash
+marked with ``#``, a character the escaped form never contains.  The token sits in
+a ``{hash tag}`` so that on Redis Cluster one client's key has one slot.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from urllib.parse import quote, unquote_to_bytes
+
+#: Escaped ids longer than this are hashed, keeping every key short.
+MAX_TOKEN_LENGTH = 64
+_SAFE = "-_.@"
+_HASH_MARK = "#"
+
+
+def normalize_client_id(value: object) -> str | None:
+    """The client id for a raw header/kwarg value, or None when it cannot be one.
+
+    Strings are kept (surrounding whitespace is not part of an id), numbers are
+    written in decimal, bytes are decoded as UTF-8 (invalid bytes survive via
+    ``surrogateescape``).  None, booleans, containers, and empty or blank values
+    are not ids.
+    """
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, bytes | bytearray | memoryview):
+        value = bytes(value).decode("utf-8", "surrogateescape")
+    elif isinstance(value, int | float):
+        value = repr(value)
+    if not isinstance(value, str):
+        return None
+    value = value.strip()
+    return value or None
+
+
+def client_token(client_id: str) -> str:
+    """The printable, bounded token that stands for ``client_id`` in keys."""
+    raw = client_id.encode("utf-8", "surrogateescape")
+    token = quote(raw, safe=_SAFE)
+    if len(token) <= MAX_TOKEN_LENGTH:
+        return token
+    return _HASH_MARK + hashlib.blake2b(raw, digest_size=16).hexdigest()
+
+
+def client_key(prefix: str, client_id: str) -> str:
+    """The Redis key of one client's counter."""
+    return f"{prefix}{{{client_token(client_id)}}}"
+
+
+def client_id_from_key(prefix: str, key: str) -> str | None:
+    """Inverse of :func:`client_key` for display; hashed ids come back as ``#<hash>``."""
+    if not (key.startswith(prefix + "{") and key.endswith("}")):
+        return None
+    token = key[len(prefix) + 1 : -1]
+    if token.startswith(_HASH_MARK):
+        return token
+    return unquote_to_bytes(token).decode("utf-8", "backslashreplace")

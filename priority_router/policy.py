@@ -1,0 +1,106 @@
+"""The threshold table that turns a client's pending count into a priority.
+
+Logical priority 1 is the most urgent and 9 the least, whatever the broker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from .errors import ConfigurationError
+
+MOST_URGENT = 1
+LEAST_URGENT = 9
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """``priority`` applies when ``pending < below``."""
+
+    below: int
+    priority: int
+
+
+@dataclass(frozen=True)
+class Policy:
+    """An ordered threshold table: the first row whose limit the count is under wins.
+
+    Rows go from the lowest limit (the heaviest clients) to the highest; a count
+    that is under no limit gets ``fallback``.  The table is validated at
+    construction and raises :class:`ConfigurationError` naming the bad setting.
+    """
+
+    thresholds: tuple[Threshold, ...]
+    fallback: int = MOST_URGENT
+
+    def __post_init__(self) -> None:
+        rows = tuple(
+            row if isinstance(row, Threshold) else _row_from_pair(row)
+            for row in self.thresholds
+        )
+        object.__setattr__(self, "thresholds", rows)
+        if not rows:
+            raise ConfigurationError(
+                "thresholds", "the table is empty", "give at least one (below, priority) row"
+            )
+        for row in rows:
+            _check_priority("thresholds", row.priority)
+            if isinstance(row.below, bool) or not isinstance(row.below, int):
+                raise ConfigurationError(
+                    "thresholds",
+                    f"limit {row.below!r} is not an integer",
+                    "use whole numbers of pending documents, e.g. (-20, 9)",
+                )
+        limits = [row.below for row in rows]
+        if any(a >= b for a, b in zip(limits, limits[1:])):
+            raise ConfigurationError(
+                "thresholds",
+                f"limits {limits} are not strictly increasing",
+                "order rows from the lowest limit (least urgent) up, each limit distinct, "
+                "as in DOCBITS_THRESHOLDS",
+            )
+        _check_priority("thresholds fallback", self.fallback)
+
+    def priority_for(self, pending: int) -> int:
+        """The logical priority for a pending count (0 or negative)."""
+        for row in self.thresholds:
+            if pending < row.below:
+                return row.priority
+        return self.fallback
+
+    @classmethod
+    def from_rows(cls, rows: Iterable[tuple[int, int]], fallback: int = MOST_URGENT) -> Policy:
+        return cls(tuple(_row_from_pair(r) for r in rows), fallback)
+
+
+def _row_from_pair(row: object) -> Threshold:
+    try:
+        below, priority = row  # type: ignore[misc]
+    except (TypeError, ValueError):
+        raise ConfigurationError(
+            "thresholds",
+            f"row {row!r} is not a (below, priority) pair",
+            "write each row as (limit, priority), e.g. (-20, 9)",
+        ) from None
+    return Threshold(below, priority)
+
+
+def _check_priority(setting: str, priority: object) -> None:
+    if (
+        isinstance(priority, bool)
+        or not isinstance(priority, int)
+        or not MOST_URGENT <= priority <= LEAST_URGENT
+    ):
+        raise ConfigurationError(
+            setting,
+            f"priority {priority!r} is outside {MOST_URGENT}..{LEAST_URGENT}",
+            f"use a whole number from {MOST_URGENT} (most urgent) to {LEAST_URGENT} (least)",
+        )
+
+
+#: The specified table (SPEC.md): 9 if pending < -20, 8 if < -14, ... 1 otherwise.
+DOCBITS_THRESHOLDS = Policy.from_rows(
+    [(-20, 9), (-14, 8), (-12, 7), (-10, 6), (-8, 5), (-6, 4), (-4, 3), (-2, 2)],
+    fallback=MOST_URGENT,
+)

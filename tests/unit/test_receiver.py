@@ -1,0 +1,178 @@
+"""The receiver called with exactly what Celery's ``before_task_publish`` passes."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import fakeredis
+import pytest
+from celery import Celery
+from celery._state import _task_stack
+
+from priority_router import PriorityRouter
+from priority_router import headers as H
+from priority_router.celery_hook import PublishReceiver, publishing_as
+
+
+@pytest.fixture
+def app() -> Celery:
+    # Nothing connects: install() only reads the URL to pick the transport.
+    return Celery("unit", broker="redis://127.0.0.1:1/0", set_as_current=False)
+
+
+@pytest.fixture
+def router() -> PriorityRouter:
+    return PriorityRouter(redis_client=fakeredis.FakeRedis())
+
+
+def publish(
+    receiver: PublishReceiver,
+    app: Celery,
+    task: str = "docs.process",
+    args: tuple[Any, ...] = (),
+    kwargs: dict[str, Any] | None = None,
+    headers: dict[str, Any] | None = None,
+    priority: int | None = None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    message_headers = {"lang": "py", "task": task, "id": "t-1", "retries": 0, **(headers or {})}
+    properties: dict[str, Any] = {"correlation_id": "t-1", "reply_to": ""}
+    if priority is not None:
+        properties["priority"] = priority
+    with publishing_as(app):
+        receiver(
+            sender=task,
+            body=(list(args), kwargs or {}, {"callbacks": None, "errbacks": None, "chain": None}),
+            exchange="",
+            routing_key="celery",
+            declare=[],
+            headers=message_headers,
+            properties=properties,
+            retry_policy={},
+            signal=object(),
+        )
+    return message_headers, properties
+
+
+def test_header_client_is_counted(app: Celery, router: PriorityRouter) -> None:
+    receiver = router.install(app)
+    for _ in range(3):
+        publish(receiver, app, headers={"client_id": "acme"})
+    headers, properties = publish(receiver, app, headers={"client_id": "acme"})
+    assert properties["priority"] == 2
+    assert headers[H.PRIORITY] == 2 and headers[H.PENDING] == -3
+    assert headers["client_id"] == "acme" and headers[H.REASON] == "counted"
+    assert isinstance(headers[H.PUBLISHED_AT], float)
+
+
+def test_header_wins_over_kwarg_which_wins_over_getter(app: Celery) -> None:
+    seen: list[str] = []
+
+    def getter(task: str, args: tuple[Any, ...], kwargs: dict[str, Any], headers: dict[str, Any]) -> str:
+        seen.append(task)
+        return "from-getter"
+
+    router = PriorityRouter(redis_client=fakeredis.FakeRedis(), client_id_getter=getter)
+    receiver = router.install(app)
+    h, _ = publish(receiver, app, kwargs={"client_id": "kw"}, headers={"client_id": "hdr"})
+    assert h["client_id"] == "hdr"
+    h, _ = publish(receiver, app, kwargs={"client_id": "kw"})
+    assert h["client_id"] == "kw"
+    h, _ = publish(receiver, app, args=("doc-1",))
+    assert h["client_id"] == "from-getter" and seen == ["docs.process"]
+
+
+def test_no_client_gets_default_priority_never_none(app: Celery, router: PriorityRouter) -> None:
+    receiver = router.install(app)
+    headers, properties = publish(receiver, app, kwargs={"client_id": None})
+    assert properties["priority"] == 5
+    assert headers[H.REASON] == "no-client" and "client_id" not in headers
+
+
+def test_failing_getter_is_logged_and_treated_as_no_client(
+    app: Celery, caplog: pytest.LogCaptureFixture
+) -> None:
+    def getter(*_: Any) -> str:
+        raise KeyError("boom")
+
+    receiver = PriorityRouter(redis_client=fakeredis.FakeRedis(), client_id_getter=getter).install(app)
+    with caplog.at_level(logging.ERROR, "priority_router"):
+        _, properties = publish(receiver, app)
+    assert properties["priority"] == 5
+    assert "client_id_getter failed" in caplog.text
+
+
+def test_tasks_filter_leaves_other_tasks_uncounted(app: Celery) -> None:
+    router = PriorityRouter(redis_client=fakeredis.FakeRedis(), tasks=["docs.*"])
+    receiver = router.install(app)
+    headers, properties = publish(receiver, app, task="maintenance.vacuum", headers={"client_id": "acme"})
+    assert properties["priority"] == 5 and H.PRIORITY not in headers
+    _, properties = publish(receiver, app, task="maintenance.vacuum", priority=0)
+    assert properties["priority"] == 0, "an explicit priority on an uncounted task is kept"
+    assert router.peek("acme").pending == 0
+    publish(receiver, app, task="docs.ocr", headers={"client_id": "acme"})
+    publish(receiver, app, task="docs.ocr", headers={"client_id": "acme"})
+    assert router.peek("acme").pending == -1
+
+
+def test_retry_keeps_priority_and_is_not_counted(app: Celery, router: PriorityRouter) -> None:
+    receiver = router.install(app)
+    for _ in range(5):
+        first, _ = publish(receiver, app, headers={"client_id": "acme"})
+    retry_headers = {k: v for k, v in first.items() if k.startswith(("priority_router", "client_id"))}
+    headers, properties = publish(receiver, app, headers={**retry_headers, "retries": 1})
+    assert properties["priority"] == first[H.PRIORITY] == 2
+    assert headers[H.REASON] == "inherited"
+    assert router.peek("acme").pending == -4
+
+
+class _FakeRequest:
+    called_directly = False
+    is_eager = False
+
+    def __init__(self, **attrs: Any) -> None:
+        self.__dict__.update(attrs)
+
+
+class _RunningTask:
+    def __init__(self, **request: Any) -> None:
+        self.request = _FakeRequest(**request)
+
+
+def test_child_of_same_client_inherits_and_is_not_counted(app: Celery, router: PriorityRouter) -> None:
+    receiver = router.install(app)
+    parent = _RunningTask(client_id="acme", priority_router_priority=7, priority_router_pending=-13)
+    _task_stack.push(parent)
+    try:
+        same, same_props = publish(receiver, app, headers={"client_id": "acme", "parent_id": "p"})
+        anon, anon_props = publish(receiver, app, headers={"parent_id": "p"})
+        other, other_props = publish(receiver, app, headers={"client_id": "beta", "parent_id": "p"})
+    finally:
+        _task_stack.pop()
+    assert same_props["priority"] == anon_props["priority"] == 7
+    assert same[H.REASON] == anon[H.REASON] == "inherited" and anon["client_id"] == "acme"
+    assert other_props["priority"] == 1 and other[H.REASON] == "counted"
+    assert router.peek("acme").pending == 0, "children are not new documents"
+    assert router.peek("beta").pending == 0 and router.counter.read("beta").ttl_ms is not None
+
+
+def test_counter_failure_fails_open_with_one_warning(app: Celery, caplog: pytest.LogCaptureFixture) -> None:
+    router = PriorityRouter(redis_url="redis://127.0.0.1:1/0", cooldown=60)
+    receiver = router.install(app)
+    with caplog.at_level(logging.WARNING, "priority_router"):
+        results = [publish(receiver, app, headers={"client_id": f"c{i}"}) for i in range(20)]
+    assert all(props["priority"] == 5 for _, props in results)
+    assert all(h[H.REASON] == "fail-open" for h, _ in results)
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "default priority" in warnings[0].getMessage()
+
+
+def test_receiver_ignores_other_apps_publishes(app: Celery, router: PriorityRouter) -> None:
+    receiver = router.install(app)
+    other = Celery("other", broker="redis://127.0.0.1:1/0", set_as_current=False)
+    headers: dict[str, Any] = {"client_id": "acme"}
+    properties: dict[str, Any] = {}
+    with publishing_as(other):
+        receiver(sender="t", body=((), {}, {}), headers=headers, properties=properties)
+    assert properties == {} and headers == {"client_id": "acme"}
+    assert router.peek("acme").pending == 0

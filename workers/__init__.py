@@ -1,0 +1,1 @@
+"""A runnable Celery worker app for document tasks (``celery -A workers.app worker``)."""

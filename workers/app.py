@@ -1,0 +1,45 @@
+"""The document workers' Celery app, configured from the environment.
+
+| variable | default |
+|---|---|
+| ``BROKER_URL`` | ``redis://localhost:6379/0`` |
+| ``RESULT_BACKEND`` | unset (no results kept) |
+| ``DOCUMENT_QUEUE`` | ``documents`` |
+| ``WORKER_INCLUDE`` | extra task modules, comma-separated |
+| ``PRIORITY_ROUTER_*`` | see the README's configuration reference |
+
+Start it with ``celery -A workers.app worker``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from celery import Celery
+
+from priority_router import PriorityRouter
+
+
+def create_app(environ: Mapping[str, str] | None = None) -> Celery:
+    env = os.environ if environ is None else environ
+    extra = [m.strip() for m in env.get("WORKER_INCLUDE", "").split(",") if m.strip()]
+    app = Celery("workers", include=["workers.tasks", *extra])
+    app.conf.update(
+        broker_url=env.get("BROKER_URL", "redis://localhost:6379/0"),
+        result_backend=env.get("RESULT_BACKEND") or None,
+        task_default_queue=env.get("DOCUMENT_QUEUE", "documents"),
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+        result_accept_content=["json"],
+        task_send_sent_event=True,
+        worker_send_task_events=True,
+        broker_connection_retry_on_startup=True,
+    )
+    router = PriorityRouter.from_env(environ=env)
+    router.install(app)
+    return app
+
+
+app = create_app()

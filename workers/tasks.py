@@ -1,0 +1,49 @@
+"""Document tasks."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from typing import Any
+
+from celery import Task, shared_task
+
+from priority_router import headers as H
+
+#: CPU work per page: this many SHA-256 rounds over a 4 KiB block (about 10 ms here).
+ROUNDS_PER_PAGE = 2000
+_BLOCK = bytes(range(256)) * 16
+
+
+def _report(task: Task, client_id: str, document_id: str, started: float) -> dict[str, Any]:
+    request = task.request
+    return {
+        "client_id": client_id,
+        "document_id": document_id,
+        "priority": getattr(request, H.PRIORITY, None),
+        "pending": getattr(request, H.PENDING, None),
+        "published_at": getattr(request, H.PUBLISHED_AT, None),
+        "started_at": started,
+        "finished_at": time.time(),
+    }
+
+
+@shared_task(bind=True, name="workers.process_document", acks_late=True)
+def process_document(self: Task, client_id: str, document_id: str, pages: int = 1) -> dict[str, Any]:
+    """Process a document: CPU work proportional to its pages."""
+    started = time.time()
+    digest = _BLOCK
+    for _ in range(max(0, int(pages)) * ROUNDS_PER_PAGE):
+        digest = hashlib.sha256(digest + _BLOCK).digest()
+    report = _report(self, client_id, document_id, started)
+    report["pages"] = pages
+    report["digest"] = digest.hex()[:16]
+    return report
+
+
+@shared_task(bind=True, name="workers.hold_document", acks_late=True)
+def hold_document(self: Task, client_id: str, document_id: str, seconds: float = 0.05) -> dict[str, Any]:
+    """A document that keeps a worker slot for ``seconds`` (waiting on I/O, say)."""
+    started = time.time()
+    time.sleep(seconds)
+    return _report(self, client_id, document_id, started)
