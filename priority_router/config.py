@@ -97,7 +97,9 @@ def _parse_env(name: str, raw: str) -> Any:
         try:
             return float(raw)
         except ValueError:
-            raise ConfigurationError(env, f"{raw!r} is not a number", "set it to seconds, e.g. 1500") from None
+            raise ConfigurationError(
+                env, f"{raw!r} is not a number", "set it to seconds, e.g. 1500"
+            ) from None
     if name == "default_priority":
         try:
             return int(raw)
@@ -109,7 +111,12 @@ def _parse_env(name: str, raw: str) -> Any:
 
 
 def _positive(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
         raise ConfigurationError(name, f"{value!r} is not a positive number of seconds", "use a value > 0")
     return float(value)
 
@@ -118,7 +125,7 @@ def _policy(value: object) -> Policy:
     if isinstance(value, Policy):
         return value
     if isinstance(value, Iterable) and not isinstance(value, str | bytes):
-        return Policy.from_rows(value)  # type: ignore[arg-type]
+        return Policy.from_rows(value)
     raise ConfigurationError(
         "thresholds",
         f"{value!r} is not a threshold table",
@@ -157,7 +164,7 @@ def _check_redis_url(url: object) -> str:
             "use redis://, rediss:// (TLS) or unix://",
         )
     try:
-        parse_url(url)
+        parse_url(url)  # type: ignore[no-untyped-call]
     except (ValueError, TypeError) as exc:
         raise ConfigurationError(
             "redis_url", f"{redact_url(url)} cannot be parsed ({exc})", "use redis://host:port/db"

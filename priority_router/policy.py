@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import pairwise
 
 from .errors import ConfigurationError
 
@@ -35,10 +36,7 @@ class Policy:
     fallback: int = MOST_URGENT
 
     def __post_init__(self) -> None:
-        rows = tuple(
-            row if isinstance(row, Threshold) else _row_from_pair(row)
-            for row in self.thresholds
-        )
+        rows = tuple(row if isinstance(row, Threshold) else _row_from_pair(row) for row in self.thresholds)
         object.__setattr__(self, "thresholds", rows)
         if not rows:
             raise ConfigurationError(
@@ -53,7 +51,7 @@ class Policy:
                     "use whole numbers of pending documents, e.g. (-20, 9)",
                 )
         limits = [row.below for row in rows]
-        if any(a >= b for a, b in zip(limits, limits[1:])):
+        if any(a >= b for a, b in pairwise(limits)):
             raise ConfigurationError(
                 "thresholds",
                 f"limits {limits} are not strictly increasing",
@@ -75,15 +73,13 @@ class Policy:
 
 
 def _row_from_pair(row: object) -> Threshold:
-    try:
-        below, priority = row  # type: ignore[misc]
-    except (TypeError, ValueError):
+    if not isinstance(row, tuple | list) or len(row) != 2:
         raise ConfigurationError(
             "thresholds",
             f"row {row!r} is not a (below, priority) pair",
             "write each row as (limit, priority), e.g. (-20, 9)",
-        ) from None
-    return Threshold(below, priority)
+        )
+    return Threshold(row[0], row[1])
 
 
 def _check_priority(setting: str, priority: object) -> None:

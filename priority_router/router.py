@@ -159,9 +159,7 @@ class PriorityRouter:
     def _client(client_id: object) -> str:
         client = normalize_client_id(client_id)
         if client is None:
-            raise ValueError(
-                f"{client_id!r} is not a client id: use a non-empty string or a number"
-            )
+            raise ValueError(f"{client_id!r} is not a client id: use a non-empty string or a number")
         return client
 
     # -- Celery -----------------------------------------------------------------------
@@ -213,7 +211,8 @@ def _transport_of(app: Celery) -> Transport:
             driver = conn.transport.driver_type
     except Exception as exc:
         raise ConfigurationError(
-            "broker_url", f"cannot load the transport for {redact_url(str(url))} ({exc})",
+            "broker_url",
+            f"cannot load the transport for {redact_url(str(url))} ({exc})",
             "use a Redis (redis://) or RabbitMQ (amqp://) broker URL",
         ) from None
     return Transport.from_driver(driver, str(url))

@@ -12,7 +12,7 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from support.services import IN_CI, ensure_rabbitmq, redis_answers, start_embedded_redis  # noqa: E402
+from support.services import IN_CI, ensure_rabbitmq, redis_answers, start_embedded_redis
 
 REDIS_URL = os.environ.get("PRIORITY_ROUTER_TEST_REDIS_URL", "redis://127.0.0.1:6379")
 AMQP_URL = os.environ.get("PRIORITY_ROUTER_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")

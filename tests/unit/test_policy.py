@@ -5,8 +5,26 @@ from priority_router import DOCBITS_THRESHOLDS, ConfigurationError, Policy
 
 @pytest.mark.parametrize(
     ("pending", "priority"),
-    [(0, 1), (-2, 1), (-3, 2), (-4, 2), (-5, 3), (-6, 3), (-7, 4), (-8, 4), (-9, 5), (-10, 5),
-     (-11, 6), (-12, 6), (-13, 7), (-14, 7), (-15, 8), (-20, 8), (-21, 9), (-1000, 9)],
+    [
+        (0, 1),
+        (-2, 1),
+        (-3, 2),
+        (-4, 2),
+        (-5, 3),
+        (-6, 3),
+        (-7, 4),
+        (-8, 4),
+        (-9, 5),
+        (-10, 5),
+        (-11, 6),
+        (-12, 6),
+        (-13, 7),
+        (-14, 7),
+        (-15, 8),
+        (-20, 8),
+        (-21, 9),
+        (-1000, 9),
+    ],
 )
 def test_seed_table_boundaries(pending: int, priority: int) -> None:
     assert DOCBITS_THRESHOLDS.priority_for(pending) == priority

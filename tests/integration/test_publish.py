@@ -1,0 +1,98 @@
+"""What a real Celery publish puts on the broker."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from celery import Celery
+from kombu import Message
+
+from priority_router import PriorityRouter, Transport, from_wire
+from priority_router import headers as H
+
+
+def drain(app: Celery, queue_name: str) -> list[Message]:
+    messages = []
+    with app.connection_for_read() as conn:
+        queue = app.amqp.queues[queue_name](conn.default_channel)
+        while (message := queue.get(no_ack=True)) is not None:
+            messages.append(message)
+        queue.delete()
+    return messages
+
+
+def transport_of(app: Celery) -> Transport:
+    with app.connection_for_read() as conn:
+        return Transport(conn.transport.driver_type)
+
+
+def test_message_carries_the_decision(producer: Callable[[], Celery], worker_env: dict[str, str]) -> None:
+    app = producer()
+    for n in range(4):
+        app.send_task("workers.process_document", ("acme", f"d{n}", 1), headers={"client_id": "acme"})
+    app.send_task("workers.process_document", kwargs={"client_id": 42, "document_id": "x"})
+    app.send_task("workers.process_document", ("nobody", "y"))
+
+    messages = drain(app, worker_env["DOCUMENT_QUEUE"])
+    transport = transport_of(app)
+    seen = [
+        (
+            m.headers.get("client_id"),
+            m.headers[H.PRIORITY],
+            m.headers[H.PENDING],
+            from_wire(m.properties["priority"], transport),
+        )
+        for m in messages
+    ]
+    assert sorted(seen, key=str) == sorted(
+        [
+            ("acme", 1, 0, 1),
+            ("acme", 1, -1, 1),
+            ("acme", 1, -2, 1),
+            ("acme", 2, -3, 2),
+            ("42", 1, 0, 1),
+            (None, 5, None, 5),
+        ],
+        key=str,
+    )
+
+
+def test_other_app_in_the_same_process_is_untouched(
+    producer: Callable[[], Celery], worker_env: dict[str, str]
+) -> None:
+    routed = producer()
+    plain = Celery("plain", broker=worker_env["BROKER_URL"], set_as_current=False)
+    plain_queue = f"plain-{uuid.uuid4().hex[:8]}"
+    plain.conf.task_default_queue = plain_queue
+    try:
+        plain.send_task("workers.process_document", ("acme", "p1"), headers={"client_id": "acme"})
+        routed.send_task("workers.process_document", ("acme", "r1"), headers={"client_id": "acme"})
+        plain.send_task("workers.process_document", ("acme", "p2"), headers={"client_id": "acme"})
+
+        plain_messages = drain(plain, plain_queue)
+        routed_messages = drain(routed, worker_env["DOCUMENT_QUEUE"])
+    finally:
+        plain.close()
+    assert len(plain_messages) == 2
+    for m in plain_messages:
+        assert not any(k.startswith("priority_router") for k in m.headers)
+        # kombu's Redis transport stores a missing priority as 0; the router would give 1.
+        assert m.properties.get("priority") in (None, 0)
+    assert [m.headers[H.PENDING] for m in routed_messages] == [0]
+    router = PriorityRouter.from_env(worker_env)
+    assert router.peek("acme").pending == 0, "the plain app's publishes were not counted"
+
+
+def test_task_always_eager_runs_tasks_in_process(worker_env: dict[str, str]) -> None:
+    from workers.app import create_app
+
+    app = create_app(worker_env)
+    app.conf.task_always_eager = True
+    app.loader.import_default_modules()
+    try:
+        result: Any = app.tasks["workers.process_document"].delay("acme", "e1", 1)
+        assert result.get()["document_id"] == "e1"
+    finally:
+        app.close()

@@ -1,0 +1,44 @@
+"""Extra tasks the integration tests load into real workers (``WORKER_INCLUDE``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Task, shared_task
+
+from priority_router import headers as H
+
+
+def _seen(task: Task) -> dict[str, Any]:
+    r = task.request
+    return {
+        "id": r.id,
+        "client_id": getattr(r, "client_id", None),
+        "priority": getattr(r, H.PRIORITY, None),
+        "pending": getattr(r, H.PENDING, None),
+        "reason": getattr(r, H.REASON, None),
+        "retries": r.retries,
+        "wire_priority": (r.delivery_info or {}).get("priority"),
+    }
+
+
+@shared_task(bind=True, name="tests.spawn_children")
+def spawn_children(self: Task, client_id: str, other_client: str) -> dict[str, Any]:
+    """A document that publishes a same-client child, an anonymous child and another client's."""
+    same = record_request.apply_async(kwargs={"client_id": client_id})
+    anonymous = record_request.apply_async()
+    other = record_request.apply_async(kwargs={"client_id": other_client})
+    return {"parent": _seen(self), "children": [same.id, anonymous.id, other.id]}
+
+
+@shared_task(bind=True, name="tests.record_request")
+def record_request(self: Task, client_id: str | None = None) -> dict[str, Any]:
+    return _seen(self)
+
+
+@shared_task(bind=True, name="tests.retry_once", max_retries=3, default_retry_delay=0)
+def retry_once(self: Task, client_id: str) -> dict[str, Any]:
+    seen = _seen(self)
+    if self.request.retries == 0:
+        raise self.retry(countdown=0)
+    return seen
