@@ -117,7 +117,7 @@ def ensure_rabbitmq(url: str, timeout: float = 90) -> str | None:
 class Worker:
     """A real ``celery -A workers.app worker`` process."""
 
-    def __init__(self, env: Mapping[str, str], *args: str) -> None:
+    def __init__(self, env: Mapping[str, str], *args: str, app: str = "workers.app") -> None:
         self.log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - lives as long as the worker
             prefix="pr-worker-", suffix=".log", delete=False
         )
@@ -131,7 +131,7 @@ class Worker:
                 "-m",
                 "celery",
                 "-A",
-                "workers.app",
+                app,
                 "worker",
                 "--loglevel",
                 "INFO",
@@ -172,8 +172,8 @@ class Worker:
 
 
 @contextmanager
-def running_worker(env: Mapping[str, str], *args: str) -> Iterator[Worker]:
-    worker = Worker(env, *args)
+def running_worker(env: Mapping[str, str], *args: str, app: str = "workers.app") -> Iterator[Worker]:
+    worker = Worker(env, *args, app=app)
     try:
         worker.wait_ready()
         yield worker

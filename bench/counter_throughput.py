@@ -1,0 +1,135 @@
+"""Counter throughput and memory against plain INCR, in the same run.
+
+Sends pre-encoded pipelined commands over one socket and parses replies with
+hiredis, so the figure is what the Redis server sustains, not the Python client.
+Rounds are interleaved and the median ratio is reported (the machine is noisy).
+
+    python bench/counter_throughput.py [--redis redis://127.0.0.1:6379]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import socket
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import hiredis
+import redis
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+from support.services import redis_answers, start_embedded_redis  # noqa: E402
+
+from priority_router.keys import client_key  # noqa: E402
+
+INTERVAL_MS = b"1500000"
+LUA = "local n = redis.call('INCR', KEYS[1]) redis.call('PEXPIRE', KEYS[1], ARGV[1]) return n"
+
+
+def pack(*args: bytes) -> bytes:
+    out = [b"*%d\r\n" % len(args)]
+    for a in args:
+        out.append(b"$%d\r\n%s\r\n" % (len(a), a))
+    return b"".join(out)
+
+
+def rate(
+    sock: socket.socket, encode: Callable[[bytes], bytes], replies: int, keys: list[bytes], batch: int = 2000
+) -> float:
+    payloads = [b"".join(encode(k) for k in keys[i : i + batch]) for i in range(0, len(keys), batch)]
+    reader = hiredis.Reader()
+    start = time.perf_counter()
+    for i, payload in enumerate(payloads):
+        sock.sendall(payload)
+        need = min(batch, len(keys) - i * batch) * replies
+        while need:
+            reader.feed(sock.recv(1 << 20))
+            while need and reader.gets() is not False:
+                need -= 1
+    return len(keys) / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--redis", default="redis://127.0.0.1:6379")
+    parser.add_argument("--checks", type=int, default=200_000)
+    parser.add_argument("--clients", type=int, default=100_000)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+
+    embedded = None
+    url = args.redis
+    if not redis_answers(url):
+        embedded = start_embedded_redis()
+        url = embedded.url
+    try:
+        parts = urlsplit(url)
+        db = b"12"
+        sock = socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 6379))
+        sock.sendall(pack(b"SELECT", db) + pack(b"SCRIPT", b"LOAD", LUA.encode()))
+        reader = hiredis.Reader()
+        got: list[object] = []
+        while len(got) < 2:
+            reader.feed(sock.recv(4096))
+            while (reply := reader.gets()) is not False:
+                got.append(reply)
+        sha = got[1] if isinstance(got[1], bytes) else str(got[1]).encode()
+
+        rng = random.Random(1)
+        keys = [
+            client_key("priority-router:", f"client-{rng.randrange(args.clients)}").encode()
+            for _ in range(args.checks)
+        ]
+        variants: dict[str, tuple[Callable[[bytes], bytes], int]] = {
+            "INCR (baseline)": (lambda k: pack(b"INCR", k), 1),
+            "router check: MULTI INCR PEXPIRE EXEC": (
+                lambda k: (
+                    pack(b"MULTI") + pack(b"INCR", k) + pack(b"PEXPIRE", k, INTERVAL_MS) + pack(b"EXEC")
+                ),
+                4,
+            ),
+            "Lua INCR+PEXPIRE (EVALSHA)": (lambda k: pack(b"EVALSHA", sha, b"1", k, INTERVAL_MS), 1),
+        }
+        results: dict[str, list[float]] = {name: [] for name in variants}
+        for _ in range(args.rounds):
+            for name, (encode, replies) in variants.items():
+                results[name].append(rate(sock, encode, replies, keys))
+
+        base = statistics.median(results["INCR (baseline)"])
+        print(f"{args.checks} checks over {args.clients} clients, {args.rounds} interleaved rounds, medians")
+        print("| operation | checks/s | vs INCR |")
+        print("|---|---|---|")
+        for name, rates in results.items():
+            med = statistics.median(rates)
+            print(f"| {name} | {med / 1000:.0f}k | {med / base:.2f}x |")
+
+        r = redis.Redis.from_url(url, db=12)
+        r.flushdb()
+        before = int(r.info("memory")["used_memory"])
+        n = 100_000
+        with r.pipeline(transaction=False) as pipe:
+            for i in range(n):
+                key = client_key("priority-router:", f"client-{i:06d}")
+                pipe.incr(key)
+                pipe.pexpire(key, 1_500_000)
+            pipe.execute()
+        per_client = (int(r.info("memory")["used_memory"]) - before) / n
+        print(
+            f"memory: {per_client:.0f} bytes per active client "
+            f"(default prefix, ids like 'client-000123', {n} clients)"
+        )
+        r.flushdb()
+    finally:
+        if embedded:
+            embedded.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,152 @@
+"""Noisy neighbour: does a heavy client's burst delay light clients?
+
+One heavy client dumps ``--heavy`` documents; then ``--light-clients`` clients send
+``--light-docs`` each, spread over the first second of the backlog; a real worker with
+``--threads`` threads runs documents that hold a slot for ``--doc-ms`` on average
+(``--jitter`` spreads lengths evenly around it, the same seeded lengths in both runs).  The same
+workload runs on plain Celery and with the router, in the same run, on the same broker.
+
+    python bench/fairness.py                       # Redis broker
+    python bench/fairness.py --broker amqp://guest:guest@127.0.0.1:5672//
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+from support.services import redis_answers, running_worker, start_embedded_redis  # noqa: E402
+
+
+def p95(values: list[float]) -> float:
+    return statistics.quantiles(values, n=20, method="inclusive")[18] if len(values) > 1 else values[0]
+
+
+def run(mode: str, args: argparse.Namespace, redis_url: str) -> dict[str, Any]:
+    env = {
+        "BROKER_URL": args.broker or redis_url + "/14",
+        "RESULT_BACKEND": redis_url + "/15",
+        "DOCUMENT_QUEUE": f"bench-{mode}-{uuid.uuid4().hex[:6]}",
+        "BENCH_MODE": mode,
+        "PRIORITY_ROUTER_REDIS_URL": redis_url + "/13",
+        "PRIORITY_ROUTER_KEY_PREFIX": f"bench-{uuid.uuid4().hex[:6]}:",
+    }
+    os.environ.update(env)
+    sys.modules.pop("bench.fairness_app", None)
+    from bench.fairness_app import app
+
+    rng = random.Random(args.seed)  # the same document lengths in both runs
+    mean = args.doc_ms / 1000
+
+    def length() -> float:
+        return mean * (1 + args.jitter * (2 * rng.random() - 1))
+
+    published: dict[str, tuple[str, float]] = {}
+    with running_worker(
+        env, "--pool", args.pool, "--concurrency", str(args.threads), app="bench.fairness_app"
+    ):
+        start = time.time()
+        for n in range(args.heavy):
+            r = app.send_task(
+                "workers.hold_document", ("heavy", f"h{n}", length()), headers={"client_id": "heavy"}
+            )
+            published[r.id] = ("heavy", time.time())
+        light = [(c, d) for d in range(args.light_docs) for c in range(args.light_clients)]
+        gap = args.light_spread / max(1, len(light))
+        for i, (c, d) in enumerate(light):
+            time.sleep(max(0.0, start + args.light_start + i * gap - time.time()))
+            r = app.send_task(
+                "workers.hold_document",
+                (f"light{c}", f"l{c}-{d}", length()),
+                headers={"client_id": f"light{c}"},
+            )
+            published[r.id] = ("light", time.time())
+        results = {tid: app.AsyncResult(tid).get(timeout=300) for tid in published}
+    app.close()
+
+    waits: dict[str, list[float]] = {"heavy": [], "light": []}
+    for tid, (group, at) in published.items():
+        waits[group].append(results[tid]["started_at"] - at)
+    return {
+        "mode": mode,
+        "processed": len(results),
+        "published": len(published),
+        "light_p50": statistics.median(waits["light"]),
+        "light_p95": p95(waits["light"]),
+        "heavy_p50": statistics.median(waits["heavy"]),
+        "heavy_p95": p95(waits["heavy"]),
+        "makespan": max(r["finished_at"] for r in results.values()) - start,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--broker", help="broker URL (default: the Redis below, db 14)")
+    parser.add_argument("--redis", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379"))
+    parser.add_argument("--heavy", type=int, default=160)
+    parser.add_argument("--light-clients", type=int, default=12)
+    parser.add_argument("--light-docs", type=int, default=2)
+    parser.add_argument("--light-start", type=float, default=0.05, help="seconds after the burst")
+    parser.add_argument("--light-spread", type=float, default=1.0, help="seconds the light docs span")
+    parser.add_argument("--threads", type=int, default=4, help="worker concurrency")
+    parser.add_argument("--pool", default="threads", help="worker pool: threads or prefork")
+    parser.add_argument("--doc-ms", type=float, default=50, help="mean document length")
+    parser.add_argument(
+        "--jitter",
+        type=float,
+        default=0.5,
+        help="lengths are uniform in doc-ms*(1 +/- jitter); 0 makes every document equal",
+    )
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+
+    embedded = None
+    redis_url = args.redis.rstrip("/")
+    if not redis_answers(redis_url):
+        embedded = start_embedded_redis()
+        redis_url = embedded.url
+    try:
+        rows = [run("plain", args, redis_url), run("router", args, redis_url)]
+    finally:
+        if embedded:
+            embedded.stop()
+
+    plain, routed = rows
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return
+    broker = (args.broker or redis_url).split("://")[0]
+    print(
+        f"broker={broker} heavy={args.heavy} light={args.light_clients}x{args.light_docs} "
+        f"threads={args.threads} doc={args.doc_ms:.0f} ms +/- {args.jitter:.0%}"
+    )
+    print("| run | light p50 | light p95 | heavy p50 | heavy p95 | makespan | processed |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['mode']} | {r['light_p50'] * 1000:.0f} ms | {r['light_p95'] * 1000:.0f} ms | "
+            f"{r['heavy_p50']:.2f} s | {r['heavy_p95']:.2f} s | {r['makespan']:.2f} s | "
+            f"{r['processed']}/{r['published']} |"
+        )
+    print(
+        f"light p95 speed-up: {plain['light_p95'] / routed['light_p95']:.0f}x; "
+        f"makespan router/plain: {routed['makespan'] / plain['makespan']:.3f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
