@@ -10,8 +10,9 @@ from typing import Any
 
 import redis
 from celery import Celery
-from celery.signals import before_task_publish
+from celery.signals import before_task_publish, worker_init
 
+from .amqp_queues import make_priority_queues, stop_worker_on_fifo_queue
 from .app_settings import apply_priority_settings
 from .breaker import CircuitBreaker
 from .celery_hook import PublishReceiver, mark_publishes
@@ -182,6 +183,9 @@ class PriorityRouter:
                     "install one router per app, or call uninstall(app) on the other first",
                 )
             apply_priority_settings(app, transport)
+            if transport is Transport.AMQP:
+                make_priority_queues(app)
+                worker_init.connect(stop_worker_on_fifo_queue(app), weak=False, dispatch_uid=_uid(app))
             mark_publishes(app)
             receiver = PublishReceiver(self, app, transport)
             before_task_publish.connect(receiver, weak=False, dispatch_uid=_uid(app))

@@ -90,3 +90,25 @@ def test_unsupported_broker_is_refused_at_install() -> None:
     app = Celery("a", broker="filesystem://", set_as_current=False)
     with pytest.raises(ConfigurationError, match="broker_url"):
         router().install(app)
+
+
+def test_quorum_queue_warns_what_the_user_gets(caplog: pytest.LogCaptureFixture) -> None:
+    app = Celery("a", broker="amqp://guest:guest@127.0.0.1:1//", set_as_current=False)
+    app.conf.task_default_queue_type = "quorum"
+    with caplog.at_level(logging.WARNING, "priority_router"):
+        router().install(app)
+    assert "quorum queue" in caplog.text and "two priorities" in caplog.text
+
+
+def test_amqp_queues_declared_by_the_user_keep_their_arguments() -> None:
+    from kombu import Queue
+
+    app = Celery("a", broker="amqp://guest:guest@127.0.0.1:1//", set_as_current=False)
+    app.conf.task_queues = [
+        Queue("mine", queue_arguments={"x-message-ttl": 60000}),
+        Queue("capped", queue_arguments={"x-max-priority": 10, "x-expires": 1000}),
+    ]
+    router().install(app)
+    queues = app.amqp.queues
+    assert queues["mine"].queue_arguments == {"x-message-ttl": 60000, "x-max-priority": 10}
+    assert queues["capped"].queue_arguments == {"x-max-priority": 10, "x-expires": 1000}

@@ -1,0 +1,89 @@
+"""RabbitMQ: a queue that cannot honour priorities is refused loudly, never served FIFO."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+
+import pytest
+from celery import Celery
+from kombu import Connection, Queue
+from support.services import ROOT
+
+from priority_router.amqp_queues import QueueNotPriorityError, verify_priority_queues
+from workers.app import create_app
+
+pytestmark = pytest.mark.rabbitmq
+
+
+@pytest.fixture
+def fifo_queue(amqp_url: str) -> str:
+    """A queue that already exists without x-max-priority, as a team's old setup left it."""
+    name = f"legacy-{uuid.uuid4().hex[:8]}"
+    with Connection(amqp_url) as conn:
+        Queue(name, channel=conn.default_channel).declare()
+    yield name  # type: ignore[misc]
+    with Connection(amqp_url) as conn:
+        conn.default_channel.queue_delete(name)
+
+
+def _env(amqp_url: str, redis_server_url: str, queue: str) -> dict[str, str]:
+    return {
+        "BROKER_URL": amqp_url,
+        "DOCUMENT_QUEUE": queue,
+        "PRIORITY_ROUTER_REDIS_URL": redis_server_url + "/13",
+    }
+
+
+def test_verify_names_the_queue_and_both_ways_out(
+    fifo_queue: str, amqp_url: str, redis_server_url: str
+) -> None:
+    app: Celery = create_app(_env(amqp_url, redis_server_url, fifo_queue))
+    with pytest.raises(QueueNotPriorityError) as info:
+        verify_priority_queues(app)
+    message = str(info.value)
+    assert fifo_queue in message and "x-max-priority" in message
+    assert "delete" in message and "new queue name" in message
+    app.close()
+
+
+def test_worker_refuses_to_start_on_a_fifo_queue(
+    fifo_queue: str, amqp_url: str, redis_server_url: str
+) -> None:
+    env = _env(amqp_url, redis_server_url, fifo_queue)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "workers.app",
+            "worker",
+            "--pool",
+            "solo",
+            "--without-gossip",
+            "--without-mingle",
+        ],
+        cwd=ROOT,
+        env={**__import__("os").environ, **env, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode != 0
+    assert "x-max-priority" in proc.stderr + proc.stdout
+    assert fifo_queue in proc.stderr + proc.stdout
+
+
+def test_fresh_queue_is_declared_as_priority_queue(amqp_url: str, redis_server_url: str) -> None:
+    queue = f"fresh-{uuid.uuid4().hex[:8]}"
+    app = create_app(_env(amqp_url, redis_server_url, queue))
+    try:
+        assert verify_priority_queues(app) == [queue]
+        with Connection(amqp_url) as conn:
+            # Redeclaring with x-max-priority=10 succeeds only if that is what exists.
+            Queue(queue, channel=conn.default_channel, queue_arguments={"x-max-priority": 10}).declare()
+            conn.default_channel.queue_delete(queue)
+    finally:
+        app.close()
