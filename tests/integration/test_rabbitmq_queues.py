@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 import uuid
 
 import pytest
 from celery import Celery
 from kombu import Connection, Queue
-from support.services import ROOT
+from support.services import ROOT, worker_command, worker_environment
 
 from priority_router.amqp_queues import QueueNotPriorityError, verify_priority_queues
 from workers.app import create_app
@@ -53,20 +52,9 @@ def test_worker_refuses_to_start_on_a_fifo_queue(
 ) -> None:
     env = _env(amqp_url, redis_server_url, fifo_queue)
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "workers.app",
-            "worker",
-            "--pool",
-            "solo",
-            "--without-gossip",
-            "--without-mingle",
-        ],
+        worker_command("--pool", "solo"),
         cwd=ROOT,
-        env={**__import__("os").environ, **env, "PYTHONPATH": str(ROOT)},
+        env=worker_environment(env),
         capture_output=True,
         text=True,
         timeout=60,

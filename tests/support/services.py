@@ -114,35 +114,45 @@ def ensure_rabbitmq(url: str, timeout: float = 90) -> str | None:
     return f"rabbitmq-server was started but {url} did not answer within {timeout:.0f} s"
 
 
+def worker_command(*args: str, app: str = "workers.app") -> list[str]:
+    """``celery -A app worker`` with this interpreter, a unique node name and ``args``."""
+    return [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        app,
+        "worker",
+        "--loglevel",
+        "INFO",
+        "--without-gossip",
+        "--without-mingle",
+        "--hostname",
+        f"w{free_port()}@%h",
+        *args,
+    ]
+
+
+def worker_environment(env: Mapping[str, str]) -> dict[str, str]:
+    """This process's environment plus ``env``, with the project and test tasks importable."""
+    full_env = {**os.environ, **env}
+    full_env["PYTHONPATH"] = os.pathsep.join(
+        [str(ROOT), str(ROOT / "tests" / "integration"), full_env.get("PYTHONPATH", "")]
+    )
+    return full_env
+
+
 class Worker:
-    """A real ``celery -A workers.app worker`` process."""
+    """A real ``celery -A <app> worker`` process (``workers.app`` by default)."""
 
     def __init__(self, env: Mapping[str, str], *args: str, app: str = "workers.app") -> None:
         self.log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - lives as long as the worker
             prefix="pr-worker-", suffix=".log", delete=False
         )
-        full_env = {**os.environ, **env}
-        full_env["PYTHONPATH"] = os.pathsep.join(
-            [str(ROOT), str(ROOT / "tests" / "integration"), full_env.get("PYTHONPATH", "")]
-        )
         self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                app,
-                "worker",
-                "--loglevel",
-                "INFO",
-                "--without-gossip",
-                "--without-mingle",
-                "--hostname",
-                f"w{free_port()}@%h",
-                *args,
-            ],
+            worker_command(*args, app=app),
             cwd=ROOT,
-            env=full_env,
+            env=worker_environment(env),
             stdout=self.log,
             stderr=subprocess.STDOUT,
         )
