@@ -111,6 +111,9 @@ def main() -> None:
         help="lengths are uniform in doc-ms*(1 +/- jitter); 0 makes every document equal",
     )
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="run plain and router this many times, alternating"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
@@ -120,31 +123,41 @@ def main() -> None:
         embedded = start_embedded_redis()
         redis_url = embedded.url
     try:
-        rows = [run("plain", args, redis_url), run("router", args, redis_url)]
+        pairs = [
+            (run("plain", args, redis_url), run("router", args, redis_url))
+            for _ in range(max(1, args.repeat))
+        ]
     finally:
         if embedded:
             embedded.stop()
 
-    plain, routed = rows
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps([row for pair in pairs for row in pair], indent=2))
         return
     broker = (args.broker or redis_url).split("://")[0]
     print(
-        f"broker={broker} heavy={args.heavy} light={args.light_clients}x{args.light_docs} "
-        f"threads={args.threads} doc={args.doc_ms:.0f} ms +/- {args.jitter:.0%}"
+        f"broker={broker} pool={args.pool} heavy={args.heavy} "
+        f"light={args.light_clients}x{args.light_docs} threads={args.threads} "
+        f"doc={args.doc_ms:.0f} ms +/- {args.jitter:.0%}"
     )
     print("| run | light p50 | light p95 | heavy p50 | heavy p95 | makespan | processed |")
     print("|---|---|---|---|---|---|---|")
-    for r in rows:
-        print(
-            f"| {r['mode']} | {r['light_p50'] * 1000:.0f} ms | {r['light_p95'] * 1000:.0f} ms | "
-            f"{r['heavy_p50']:.2f} s | {r['heavy_p95']:.2f} s | {r['makespan']:.2f} s | "
-            f"{r['processed']}/{r['published']} |"
-        )
+    for pair in pairs:
+        for r in pair:
+            print(
+                f"| {r['mode']} | {r['light_p50'] * 1000:.0f} ms | {r['light_p95'] * 1000:.0f} ms | "
+                f"{r['heavy_p50']:.2f} s | {r['heavy_p95']:.2f} s | {r['makespan']:.2f} s | "
+                f"{r['processed']}/{r['published']} |"
+            )
+    speedups = [plain["light_p95"] / routed["light_p95"] for plain, routed in pairs]
+    p95s = [routed["light_p95"] * 1000 for _, routed in pairs]
+    spans = [routed["makespan"] / plain["makespan"] for plain, routed in pairs]
     print(
-        f"light p95 speed-up: {plain['light_p95'] / routed['light_p95']:.0f}x; "
-        f"makespan router/plain: {routed['makespan'] / plain['makespan']:.3f}"
+        f"router light p95: median {statistics.median(p95s):.0f} ms "
+        f"(range {min(p95s):.0f}-{max(p95s):.0f}); "
+        f"speed-up vs plain: median {statistics.median(speedups):.0f}x "
+        f"(range {min(speedups):.0f}-{max(speedups):.0f}x); "
+        f"makespan router/plain: median {statistics.median(spans):.3f}"
     )
 
 
