@@ -20,6 +20,7 @@ from celery import Celery
 
 from . import headers as H
 from .decision import Decision, Reason
+from .flower_repr import annotate_kwargsrepr
 from .keys import normalize_client_id
 from .wire import Transport, to_wire
 
@@ -73,6 +74,7 @@ class PublishReceiver:
         self._header = cfg.client_id_header
         self._kwarg = cfg.client_id_kwarg
         self._getter = cfg.client_id_getter
+        self._annotate = cfg.flower_kwargsrepr
         self.on_decision: Callable[[Decision], None] | None = None
 
     def __call__(
@@ -125,6 +127,8 @@ class PublishReceiver:
         headers[H.REASON] = decision.reason.value
         headers[H.PUBLISHED_AT] = time.time()
         properties["priority"] = to_wire(decision.priority, self.transport)
+        if self._annotate and isinstance(headers.get("kwargsrepr"), str):
+            headers["kwargsrepr"] = annotate_kwargsrepr(headers["kwargsrepr"], decision)
         if self.on_decision is not None:
             self.on_decision(decision)
 

@@ -42,6 +42,10 @@ class RouterConfig:
     socket_timeout: float = 0.05
     #: Seconds the router stops asking a failed counter store before probing again.
     cooldown: float = 5.0
+    #: Append the decision to each message's ``kwargsrepr`` so Flower shows and finds it.
+    flower_kwargsrepr: bool = True
+    #: Port on which each worker serves Prometheus metrics (needs the ``metrics`` extra).
+    metrics_port: int | None = None
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -75,6 +79,17 @@ class RouterConfig:
                 "pass a function (task_name, args, kwargs, headers) -> client id, or None",
             )
         set_(self, "tasks", _tasks(self.tasks))
+        port = self.metrics_port
+        if port is not None and (
+            isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535
+        ):
+            raise ConfigurationError(
+                "metrics_port", f"{port!r} is not a TCP port", "use 1..65535 (0 picks a free one), or None"
+            )
+        if not isinstance(self.flower_kwargsrepr, bool):
+            raise ConfigurationError(
+                "flower_kwargsrepr", f"{self.flower_kwargsrepr!r} is not a bool", "use True or False"
+            )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> RouterConfig:
@@ -100,11 +115,23 @@ def _parse_env(name: str, raw: str) -> Any:
             raise ConfigurationError(
                 env, f"{raw!r} is not a number", "set it to seconds, e.g. 1500"
             ) from None
+    if name == "metrics_port":
+        try:
+            return int(raw)
+        except ValueError:
+            raise ConfigurationError(env, f"{raw!r} is not a port number", "set it to e.g. 9808") from None
     if name == "default_priority":
         try:
             return int(raw)
         except ValueError:
             raise ConfigurationError(env, f"{raw!r} is not a whole number", "set it to 1..9") from None
+    if name == "flower_kwargsrepr":
+        lowered = raw.strip().lower()
+        if lowered in ("1", "true", "yes", "on"):
+            return True
+        if lowered in ("0", "false", "no", "off"):
+            return False
+        raise ConfigurationError(env, f"{raw!r} is not a boolean", "set it to true or false")
     if name == "tasks":
         return tuple(t.strip() for t in raw.split(",") if t.strip()) or None
     return raw

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -9,10 +10,12 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import redis
@@ -142,33 +145,32 @@ def worker_environment(env: Mapping[str, str]) -> dict[str, str]:
     return full_env
 
 
-class Worker:
-    """A real ``celery -A <app> worker`` process (``workers.app`` by default)."""
+class LoggedProcess:
+    """A real child process of the tests whose output goes to a temporary log file."""
 
-    def __init__(self, env: Mapping[str, str], *args: str, app: str = "workers.app") -> None:
-        self.log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - lives as long as the worker
-            prefix="pr-worker-", suffix=".log", delete=False
+    def __init__(self, command: list[str], env: Mapping[str, str]) -> None:
+        self.log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - lives as long as the process
+            prefix="pr-proc-", suffix=".log", delete=False
         )
         self.process = subprocess.Popen(
-            worker_command(*args, app=app),
-            cwd=ROOT,
-            env=worker_environment(env),
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
+            command, cwd=ROOT, env=worker_environment(env), stdout=self.log, stderr=subprocess.STDOUT
         )
 
     def output(self) -> str:
         return Path(self.log.name).read_text(errors="replace")
 
+    def ready(self) -> bool:
+        raise NotImplementedError
+
     def wait_ready(self, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if " ready." in self.output():
+            if self.ready():
                 return
             if self.process.poll() is not None:
-                raise RuntimeError(f"worker exited with {self.process.returncode}:\n{self.output()}")
+                raise RuntimeError(f"{self} exited with {self.process.returncode}:\n{self.output()}")
             time.sleep(0.1)
-        raise RuntimeError(f"worker not ready after {timeout} s:\n{self.output()}")
+        raise RuntimeError(f"{self} not ready after {timeout} s:\n{self.output()}")
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -179,6 +181,38 @@ class Worker:
                 self.process.kill()
                 self.process.wait()
         os.unlink(self.log.name)
+
+    def __str__(self) -> str:
+        return " ".join(self.process.args[2:5])  # type: ignore[index]
+
+
+class Worker(LoggedProcess):
+    """A real ``celery -A <app> worker`` process (``workers.app`` by default)."""
+
+    def __init__(self, env: Mapping[str, str], *args: str, app: str = "workers.app") -> None:
+        super().__init__(worker_command(*args, app=app), env)
+
+    def ready(self) -> bool:
+        return " ready." in self.output()
+
+
+class Flower(LoggedProcess):
+    """A real Flower (``celery -A <app> flower``) with its API open, on a free port."""
+
+    def __init__(self, env: Mapping[str, str], app: str = "workers.app") -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        command = [sys.executable, "-m", "celery", "-A", app, "flower"]
+        command += ["--address=127.0.0.1", f"--port={self.port}"]
+        super().__init__(command, {**env, "FLOWER_UNAUTHENTICATED_API": "true"})
+
+    def ready(self) -> bool:
+        return tcp_answers(self.url, self.port)
+
+    def get(self, path: str) -> Any:
+        with urllib.request.urlopen(self.url + path, timeout=10) as response:
+            body = response.read().decode()
+        return json.loads(body) if response.headers.get_content_type() == "application/json" else body
 
 
 @contextmanager

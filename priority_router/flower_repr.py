@@ -1,0 +1,40 @@
+"""Showing the router's decision in Flower through the message's ``kwargsrepr``.
+
+Flower builds its task views and search index from worker events, and the
+``task-received`` event carries only the protocol 2 ``argsrepr``/``kwargsrepr``
+headers, never custom headers.  Those two headers are Celery's supported way to
+change what monitors display (they exist to hide secrets) and they do not touch the
+arguments the task runs with.  So the router appends its decision to ``kwargsrepr``
+as extra, namespaced keys:
+
+    {'document_id': 'd1', 'pages': 3, 'priority_router_client': 'acme',
+     'priority_router_priority': 1, 'priority_router_pending': 0}
+
+The real keyword arguments stay in front, unchanged, and the text stays a dict
+literal, so Flower's exact search ``kwargs:priority_router_client=acme`` finds
+every document of a client, including those whose id travelled only in a header.
+"""
+
+from __future__ import annotations
+
+from .decision import Decision
+
+CLIENT_KEY = "priority_router_client"
+PRIORITY_KEY = "priority_router_priority"
+PENDING_KEY = "priority_router_pending"
+
+
+def annotate_kwargsrepr(kwargsrepr: str, decision: Decision) -> str:
+    """``kwargsrepr`` with the decision added; an unusual repr gets it appended."""
+    entries = {CLIENT_KEY: decision.client_id, PRIORITY_KEY: decision.priority, PENDING_KEY: decision.pending}
+    extra = ", ".join(f"{key!r}: {value!r}" for key, value in entries.items())
+    text = kwargsrepr.strip()
+    if text == "{}" or not text:
+        return "{" + extra + "}"
+    if text.startswith("{") and text.endswith("}") and CLIENT_KEY not in text:
+        return text[:-1] + ", " + extra + "}"
+    if CLIENT_KEY in text:
+        # Republished message (retry, or a re-sent copy): keep the first annotation.
+        return kwargsrepr
+    # A user's own kwargsrepr (say, one that hides secrets) or a truncated one.
+    return f"{kwargsrepr} | {{{extra}}}"
