@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import weakref
 from collections.abc import Mapping
 from typing import Any
@@ -21,9 +22,11 @@ from .counter import Counter
 from .decision import Decision, Reason
 from .errors import ConfigurationError, CounterUnavailable
 from .keys import normalize_client_id
+from .metrics import get_metrics, serve
 from .policy import DOCBITS_THRESHOLDS, Policy
 from .redact import redact_url
 from .wire import Transport
+from .worker_side import watch_queue_wait
 
 logger = logging.getLogger("priority_router")
 
@@ -56,6 +59,8 @@ class PriorityRouter:
         connect_timeout: float = 0.05,
         socket_timeout: float = 0.05,
         cooldown: float = 5.0,
+        flower_kwargsrepr: bool = True,
+        metrics_port: int | None = None,
         redis_client: redis.Redis | None = None,
     ) -> None:
         config = RouterConfig(
@@ -71,6 +76,8 @@ class PriorityRouter:
             connect_timeout=connect_timeout,
             socket_timeout=socket_timeout,
             cooldown=cooldown,
+            flower_kwargsrepr=flower_kwargsrepr,
+            metrics_port=metrics_port,
         )
         self._setup(config, redis_client)
 
@@ -103,6 +110,7 @@ class PriorityRouter:
         self.redis = redis_client
         self.counter = Counter(redis_client, config.key_prefix, config.reset_interval)
         self.policy = config.thresholds
+        self._metrics = get_metrics()
         self._breaker = CircuitBreaker(
             config.cooldown, f"the priority counter at {redact_url(config.redis_url)}"
         )
@@ -148,11 +156,14 @@ class PriorityRouter:
         """
         if not self._breaker.allow():
             return Decision(client_id, None, self.config.default_priority, Reason.FAIL_OPEN)
+        started = time.perf_counter()
         try:
             pending = self.counter.check(client_id)
         except Exception as exc:
             self._breaker.failure(exc)
             return Decision(client_id, None, self.config.default_priority, Reason.FAIL_OPEN)
+        if self._metrics is not None:
+            self._metrics.counter_seconds.observe(time.perf_counter() - started)
         self._breaker.success()
         return Decision(client_id, pending, self.policy.priority_for(pending))
 
@@ -171,7 +182,7 @@ class PriorityRouter:
         Call it after the app is configured.  Installing the same router twice is a
         no-op; other Celery apps in the process are left untouched.
         """
-        transport = _transport_of(app)
+        transport = transport_of(app)
         with _install_lock:
             existing = _installed.get(app)
             if existing is not None:
@@ -189,6 +200,11 @@ class PriorityRouter:
             mark_publishes(app)
             receiver = PublishReceiver(self, app, transport)
             before_task_publish.connect(receiver, weak=False, dispatch_uid=_uid(app))
+            if self._metrics is not None:
+                receiver.on_decision = self._metrics.record_decision
+                watch_queue_wait(app, self._metrics, self.config.metrics_port)
+            elif self.config.metrics_port is not None:
+                serve(self.config.metrics_port)  # raises: the extra is missing
             _installed[app] = receiver
         if transport is Transport.MEMORY:
             logger.warning("the memory:// broker has no priorities; documents are counted but run in order")
@@ -204,11 +220,18 @@ class PriorityRouter:
             del _installed[app]
 
 
+def installed_router(app: Celery) -> PriorityRouter | None:
+    """The router installed on ``app``, if any."""
+    receiver = _installed.get(app)
+    return receiver.router if receiver is not None else None
+
+
 def _uid(app: Celery) -> str:
     return f"priority_router:{id(app)}"
 
 
-def _transport_of(app: Celery) -> Transport:
+def transport_of(app: Celery) -> Transport:
+    """The broker transport ``app`` writes to; ConfigurationError when it has no priorities."""
     url = app.conf.broker_write_url or app.conf.broker_url or "amqp://"
     try:
         with app.connection_for_write() as conn:

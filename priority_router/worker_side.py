@@ -1,0 +1,45 @@
+"""What an installed router does inside a worker: measure queue wait, serve metrics."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from celery import Celery
+from celery.signals import task_prerun, worker_ready
+
+from .metrics import RouterMetrics, serve
+
+logger = logging.getLogger("priority_router")
+
+
+def watch_queue_wait(app: Celery, metrics: RouterMetrics, port: int | None) -> None:
+    """Record each of ``app``'s tasks' queue wait; serve metrics on ``port`` when the
+    worker is ready (``port`` None: the user exposes the default registry themselves)."""
+
+    def on_prerun(sender: Any = None, task: Any = None, **_: Any) -> None:
+        if task is None or getattr(task, "app", None) is not app:
+            return
+        try:
+            metrics.observe_start(task.request)
+        except Exception:
+            logger.debug("could not record queue wait", exc_info=True)
+
+    task_prerun.connect(on_prerun, weak=False, dispatch_uid=f"priority_router:wait:{id(app)}")
+    if port is None:
+        return
+
+    def on_ready(sender: Any = None, **_: Any) -> None:
+        if getattr(sender, "app", None) is not app:
+            return
+        served = serve(port)
+        logger.info("priority-router metrics on http://0.0.0.0:%d/metrics", served)
+        pool = getattr(sender, "pool", None)
+        if type(pool).__module__.endswith("prefork") and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            logger.warning(
+                "prefork workers run tasks in child processes: set PROMETHEUS_MULTIPROC_DIR to an "
+                "empty directory before the worker starts, or their queue-wait metrics are not served"
+            )
+
+    worker_ready.connect(on_ready, weak=False, dispatch_uid=f"priority_router:metrics:{id(app)}")

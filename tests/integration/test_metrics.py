@@ -1,0 +1,72 @@
+"""Prometheus metrics, scraped over HTTP from real processes."""
+
+from __future__ import annotations
+
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from celery import Celery
+from prometheus_client.parser import text_string_to_metric_families
+from support.services import free_port, running_worker
+
+from priority_router.metrics import serve
+
+
+def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def value(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def test_publisher_counts_assignments_and_counter_round_trips(producer: Callable[[], Celery]) -> None:
+    port = serve(0, addr="127.0.0.1")
+    url = f"http://127.0.0.1:{port}/metrics"
+    before = scrape(url)
+    app = producer()
+    for n in range(5):
+        app.send_task("workers.hold_document", ("acme", f"d{n}", 0), headers={"client_id": "acme"})
+    app.send_task("workers.hold_document", ("nobody", "x", 0))
+    after = scrape(url)
+
+    def delta(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert delta("priority_router_assignments_total", priority="1", reason="counted") == 3
+    assert delta("priority_router_assignments_total", priority="2", reason="counted") == 2
+    assert delta("priority_router_assignments_total", priority="5", reason="no-client") == 1
+    assert delta("priority_router_counter_seconds_count") == 5
+    assert delta("priority_router_fail_open_total") == 0
+
+
+@pytest.mark.parametrize("pool", ["threads", "prefork"])
+def test_worker_serves_queue_wait_by_priority(
+    pool: str, producer: Callable[[], Celery], worker_env: dict[str, str], tmp_path: Path
+) -> None:
+    port = free_port()
+    env = {**worker_env, "PRIORITY_ROUTER_METRICS_PORT": str(port)}
+    if pool == "prefork":
+        env["PROMETHEUS_MULTIPROC_DIR"] = str(tmp_path)
+    app = producer()
+    ids = [
+        app.send_task("workers.hold_document", ("acme", f"d{n}", 0), headers={"client_id": "acme"}).id
+        for n in range(5)
+    ]
+    with running_worker(env, "--pool", pool, "--concurrency", "2"):
+        for tid in ids:
+            app.AsyncResult(tid).get(timeout=60)
+        samples = scrape(f"http://127.0.0.1:{port}/metrics")
+
+    assert value(samples, "priority_router_queue_wait_seconds_count", priority="1") == 3
+    assert value(samples, "priority_router_queue_wait_seconds_count", priority="2") == 2
+    # Published before the worker started, so each waited at least the worker's start-up.
+    assert value(samples, "priority_router_queue_wait_seconds_sum", priority="1") > 0
