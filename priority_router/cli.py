@@ -1,0 +1,276 @@
+"""``priority-router``: the operator's command line.
+
+    priority-router status [--json]
+    priority-router inspect CLIENT [--json]
+    priority-router reset CLIENT --yes | --all --yes
+    priority-router queues -A workers.app [--json]
+    priority-router doctor -A workers.app [--json]
+    priority-router demo
+
+The counter store comes from ``--redis-url`` or ``PRIORITY_ROUTER_REDIS_URL`` (and the
+other ``PRIORITY_ROUTER_*`` variables); passwords are never printed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from .config import RouterConfig
+from .counter import CounterState
+from .errors import ConfigurationError, CounterUnavailable, PriorityRouterError
+from .redact import redact_url
+from .router import PriorityRouter
+
+console = Console()
+
+
+class Context:
+    def __init__(self, redis_url: str | None, key_prefix: str | None, reset_interval: float | None) -> None:
+        self._overrides = {"redis_url": redis_url, "key_prefix": key_prefix, "reset_interval": reset_interval}
+        self._router: PriorityRouter | None = None
+
+    @property
+    def router(self) -> PriorityRouter:
+        if self._router is None:
+            # An operator's command may wait longer for Redis than a publish does.
+            config = RouterConfig.from_env(None, connect_timeout=2.0, socket_timeout=5.0, **self._overrides)
+            self._router = PriorityRouter.from_config(config)
+        return self._router
+
+
+def _fail(message: str, code: int = 1) -> None:
+    click.echo(f"priority-router: {message}", err=True)
+    sys.exit(code)
+
+
+def _emit_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, default=str))
+
+
+def _load_app(name: str) -> Any:
+    from celery.app.utils import find_app
+
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        return find_app(name)
+    except Exception as exc:
+        _fail(f"cannot load the Celery app {name!r} ({exc}); pass -A module or module:attribute", 2)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--redis-url", envvar="PRIORITY_ROUTER_REDIS_URL", help="Counter store [PRIORITY_ROUTER_REDIS_URL]."
+)
+@click.option(
+    "--key-prefix", envvar="PRIORITY_ROUTER_KEY_PREFIX", help="Key prefix [PRIORITY_ROUTER_KEY_PREFIX]."
+)
+@click.option(
+    "--reset-interval",
+    type=float,
+    envvar="PRIORITY_ROUTER_RESET_INTERVAL",
+    help="Idle seconds before a client's count resets [PRIORITY_ROUTER_RESET_INTERVAL, 1500].",
+)
+@click.version_option(package_name="priority-router")
+@click.pass_context
+def main(
+    ctx: click.Context, redis_url: str | None, key_prefix: str | None, reset_interval: float | None
+) -> None:
+    """Inspect and manage priority-router's per-client priorities."""
+    ctx.obj = Context(redis_url, key_prefix, reset_interval)
+
+
+def _router(ctx: click.Context) -> PriorityRouter:
+    try:
+        return ctx.find_object(Context).router  # type: ignore[union-attr]
+    except ConfigurationError as exc:
+        _fail(str(exc), 2)
+        raise  # unreachable
+
+
+def _row(router: PriorityRouter, state: CounterState) -> dict[str, Any]:
+    interval = router.counter.reset_interval_ms / 1000
+    ttl = state.ttl_ms / 1000 if state.ttl_ms is not None else None
+    return {
+        "client_id": state.client_id,
+        "pending": state.pending,
+        "priority": router.policy.priority_for(state.pending),
+        "seconds_since_update": round(interval - ttl, 3) if ttl is not None else None,
+        "seconds_until_reset": round(ttl, 3) if ttl is not None else None,
+    }
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--limit", type=int, default=None, help="Show at most this many clients.")
+@click.pass_context
+def status(ctx: click.Context, as_json: bool, limit: int | None) -> None:
+    """Every tracked client: pending count, priority, last update, time to reset."""
+    router = _router(ctx)
+    try:
+        rows = [_row(router, s) for s in router.counter.scan()]
+    except Exception as exc:
+        _fail(f"cannot read {redact_url(router.config.redis_url)}: {exc}")
+    rows.sort(key=lambda r: (r["priority"], -r["pending"], r["client_id"]))
+    if limit is not None:
+        rows = rows[:limit]
+    if as_json:
+        _emit_json(rows)
+        return
+    table = Table(title=f"priority-router clients at {redact_url(router.config.redis_url)}")
+    for column in ("client", "pending", "priority", "since update", "until reset"):
+        table.add_column(column, justify="left" if column == "client" else "right")
+    for r in rows:
+        table.add_row(
+            r["client_id"],
+            str(r["pending"]),
+            str(r["priority"]),
+            _seconds(r["seconds_since_update"]),
+            _seconds(r["seconds_until_reset"]),
+        )
+    console.print(table)
+    console.print(f"{len(rows)} client(s) tracked")
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f} s"
+
+
+@main.command()
+@click.argument("client")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def inspect(ctx: click.Context, client: str, as_json: bool) -> None:
+    """One client's pending count and priority (read-only)."""
+    router = _router(ctx)
+    try:
+        state = router.counter.read(router._client(client))
+    except ValueError as exc:
+        _fail(str(exc), 2)
+    except Exception as exc:
+        _fail(f"cannot read {redact_url(router.config.redis_url)}: {exc}")
+    row = _row(router, state)
+    row["tracked"] = state.ttl_ms is not None
+    row["key"] = state.key
+    if as_json:
+        _emit_json(row)
+        return
+    table = Table(show_header=False)
+    for key, value in row.items():
+        table.add_row(key, "-" if value is None else str(value))
+    console.print(table)
+
+
+@main.command()
+@click.argument("client", required=False)
+@click.option("--all", "everyone", is_flag=True, help="Reset every client.")
+@click.option("--yes", is_flag=True, help="Do it without asking.")
+@click.pass_context
+def reset(ctx: click.Context, client: str | None, everyone: bool, yes: bool) -> None:
+    """Forget CLIENT's count (or every client's with --all): next document at pending 0."""
+    if everyone == (client is not None):
+        _fail("name one CLIENT, or pass --all (not both)", 2)
+    router = _router(ctx)
+    if everyone:
+        if not yes:
+            _fail("reset --all forgets every client's count; add --yes to confirm", 2)
+        try:
+            deleted = router.counter.clear_all()
+        except Exception as exc:
+            _fail(f"cannot reset at {redact_url(router.config.redis_url)}: {exc}")
+        click.echo(f"reset {deleted} client(s)")
+        return
+    assert client is not None
+    if not yes and not click.confirm(f"Reset {client!r}'s pending count?", default=False):
+        _fail("nothing reset", 1)
+    try:
+        had = router.reset(client)
+    except ValueError as exc:
+        _fail(str(exc), 2)
+    except CounterUnavailable as exc:
+        _fail(str(exc))
+    click.echo(f"reset {client!r}" if had else f"{client!r} had no count; nothing to reset")
+
+
+@main.command()
+@click.option("-A", "--app", "app_name", required=True, help="The Celery app, as for `celery -A`.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def queues(app_name: str, as_json: bool) -> None:
+    """Messages waiting in each of the app's queues (per priority level on Redis)."""
+    from .queue_depth import queue_depths
+    from .wire import Transport, from_wire
+
+    app = _load_app(app_name)
+    try:
+        depths = queue_depths(app)
+    except PriorityRouterError as exc:
+        _fail(str(exc), 2)
+    except Exception as exc:
+        _fail(f"cannot read the broker: {exc}")
+    if as_json:
+        _emit_json(
+            {
+                "transport": depths.transport.value,
+                "unacked": depths.unacked,
+                "queues": [dataclasses.asdict(q) for q in depths.queues],
+            }
+        )
+        return
+    table = Table(title=f"queues ({depths.transport.value})")
+    table.add_column("queue")
+    if depths.transport is Transport.REDIS:
+        steps = sorted({s for q in depths.queues for s in q.by_priority})
+        for step in steps:
+            table.add_column(
+                "none" if step == 0 else f"p{from_wire(step, depths.transport)}", justify="right"
+            )
+        table.add_column("total", justify="right")
+        for q in depths.queues:
+            table.add_row(q.queue, *(str(q.by_priority.get(s, 0)) for s in steps), str(q.ready))
+    else:
+        table.add_column("ready", justify="right")
+        table.add_column("consumers", justify="right")
+        for q in depths.queues:
+            ready = "missing" if q.ready is None else str(q.ready)
+            table.add_row(q.queue, ready, "-" if q.consumers is None else str(q.consumers))
+    console.print(table)
+    if depths.unacked is not None:
+        console.print(f"{depths.unacked} message(s) delivered to workers and not yet acknowledged")
+    if depths.transport is Transport.AMQP:
+        console.print("RabbitMQ reports total depth only; AMQP has no per-priority breakdown.")
+
+
+@main.command()
+@click.option("-A", "--app", "app_name", required=True, help="The Celery app, as for `celery -A`.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def doctor(app_name: str, as_json: bool) -> None:
+    """Check what silently defeats priorities; exit 1 when anything does."""
+    from .doctor import diagnose
+
+    app = _load_app(app_name)
+    try:
+        findings = diagnose(app)
+    except PriorityRouterError as exc:
+        _fail(str(exc), 2)
+    problems = [f for f in findings if not f.ok]
+    if as_json:
+        _emit_json([dataclasses.asdict(f) for f in findings])
+    else:
+        table = Table(title=f"priority-router doctor: {app_name}")
+        for column in ("check", "", "detail", "fix"):
+            table.add_column(column)
+        for f in findings:
+            mark = "[green]ok[/]" if f.ok else "[red]FAIL[/]"
+            table.add_row(f.check, mark, f.detail, f.fix)
+        console.print(table)
+        console.print(f"{len(problems)} problem(s)" if problems else "no problems found")
+    if problems:
+        sys.exit(1)

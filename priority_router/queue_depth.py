@@ -1,0 +1,82 @@
+"""How many messages wait in each of an app's queues, per priority where the broker says.
+
+kombu's Redis transport keeps one list per priority step (``queue``, ``queue\\x06\\x161``,
+... ``queue\\x06\\x169``), so the depth per level is exact.  RabbitMQ reports only a
+queue's total depth; AMQP has no per-priority breakdown.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+from celery import Celery
+
+from .router import transport_of
+from .wire import Transport
+
+
+@dataclass(frozen=True)
+class QueueDepth:
+    queue: str
+    #: Messages waiting; None when the queue does not exist on the broker.
+    ready: int | None
+    #: Redis: waiting messages by wire priority step (0 = published without a priority).
+    by_priority: dict[int, int] = field(default_factory=dict)
+    #: RabbitMQ: consumers attached.
+    consumers: int | None = None
+
+
+@dataclass(frozen=True)
+class BrokerDepths:
+    transport: Transport
+    queues: list[QueueDepth]
+    #: Redis: messages delivered to workers and not yet acknowledged (all queues).
+    unacked: int | None = None
+
+
+def queue_depths(app: Celery) -> BrokerDepths:
+    transport = transport_of(app)
+    names = [q.name for q in app.amqp.queues.values()] or [app.conf.task_default_queue]
+    if transport is Transport.REDIS:
+        return _redis_depths(app, names)
+    if transport is Transport.AMQP:
+        return _amqp_depths(app, names)
+    return BrokerDepths(transport, [QueueDepth(n, None) for n in names])
+
+
+def _redis_depths(app: Celery, names: list[str]) -> BrokerDepths:
+    with app.connection_for_read() as conn:
+        channel = conn.default_channel
+        steps = sorted(set(channel.priority_steps))
+        client = channel.client
+        with client.pipeline(transaction=False) as pipe:
+            for name in names:
+                for step in steps:
+                    pipe.llen(channel._q_for_pri(name, step))
+            pipe.hlen(channel.unacked_key)
+            replies = pipe.execute()
+    depths = []
+    for i, name in enumerate(names):
+        counts = replies[i * len(steps) : (i + 1) * len(steps)]
+        by_step = {step: int(n) for step, n in zip(steps, counts, strict=True)}
+        depths.append(QueueDepth(name, sum(by_step.values()), by_step))
+    return BrokerDepths(Transport.REDIS, depths, unacked=int(replies[-1]))
+
+
+def _amqp_depths(app: Celery, names: list[str]) -> BrokerDepths:
+    from amqp.exceptions import NotFound
+
+    depths = []
+    with app.connection_for_read() as conn:
+        for name in names:
+            channel = conn.channel()
+            try:
+                _, ready, consumers = channel.queue_declare(queue=name, passive=True)
+                depths.append(QueueDepth(name, int(ready), consumers=int(consumers)))
+            except NotFound:
+                depths.append(QueueDepth(name, None))
+            finally:
+                with contextlib.suppress(Exception):
+                    channel.close()
+    return BrokerDepths(Transport.AMQP, depths)

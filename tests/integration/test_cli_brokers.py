@@ -1,0 +1,181 @@
+"""``priority-router queues`` and ``doctor`` against real brokers."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import sys
+import textwrap
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+from click.testing import CliRunner
+from kombu import Connection, Queue
+
+from priority_router.cli import main
+
+AppFactory = Callable[..., str]
+
+
+@pytest.fixture
+def app_module(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, redis_server_url: str, key_prefix: str
+) -> Iterator[AppFactory]:
+    """Writes a Celery app module the CLI loads with ``-A``; returns its import name."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    loaded: list[str] = []
+
+    def make(broker: str, queue: str, settings: dict[str, Any] | None = None, install: bool = True) -> str:
+        name = f"cli_app_{uuid.uuid4().hex[:8]}"
+        (tmp_path / f"{name}.py").write_text(
+            textwrap.dedent(
+                f"""
+                from celery import Celery
+                from priority_router import PriorityRouter
+
+                app = Celery({name!r})
+                app.conf.update(broker_url={broker!r}, task_default_queue={queue!r})
+                app.conf.update({settings or {}!r})
+
+                if {install!r}:
+                    PriorityRouter(
+                        redis_url={redis_server_url + "/13"!r}, key_prefix={key_prefix!r}
+                    ).install(app)
+                """
+            )
+        )
+        loaded.append(name)
+        return name
+
+    yield make
+    for name in loaded:
+        module = sys.modules.pop(name, None)
+        if module is not None:
+            with contextlib.suppress(Exception):
+                _purge(module.app)
+
+
+def _purge(app: Celery) -> None:
+    with app.connection_for_write() as conn:
+        for queue in app.amqp.queues.values():
+            with contextlib.suppress(Exception):
+                queue.bind(conn.default_channel).delete()
+    app.close()
+
+
+def _app(name: str) -> Celery:
+    return importlib.import_module(name).app  # type: ignore[no-any-return]
+
+
+def invoke(*args: str) -> tuple[int, Any]:
+    result = CliRunner().invoke(main, [*args, "--json"])
+    try:
+        return result.exit_code, json.loads(result.output)
+    except json.JSONDecodeError:
+        raise AssertionError(result.output) from None
+
+
+def failed(findings: list[dict[str, Any]]) -> set[str]:
+    return {f["check"] for f in findings if not f["ok"]}
+
+
+@pytest.fixture(params=["redis", pytest.param("amqp", marks=pytest.mark.rabbitmq)])
+def broker(request: pytest.FixtureRequest, redis_server_url: str) -> str:
+    if request.param == "redis":
+        return redis_server_url + "/14"
+    return str(request.getfixturevalue("amqp_url"))
+
+
+def publish_burst(app: Celery) -> None:
+    for _ in range(22):
+        app.send_task("doc", headers={"client_id": "bulk"})
+    app.send_task("doc", headers={"client_id": "light"})
+
+
+def test_queues_counts_each_priority_level(app_module: AppFactory, broker: str) -> None:
+    queue = f"q-{uuid.uuid4().hex[:8]}"
+    routed = app_module(broker, queue)
+    plain = app_module(broker, queue, install=False)
+    publish_burst(_app(routed))
+    _app(plain).send_task("doc")
+
+    code, data = invoke("queues", "-A", routed)
+    assert code == 0
+    (depth,) = data["queues"]
+    assert depth["queue"] == queue
+    assert depth["ready"] == 24
+    if data["transport"] == "redis":
+        # The worked example's 22-document burst plus one light client and one plain message.
+        counts = {int(k): v for k, v in depth["by_priority"].items()}
+        assert counts == {0: 1, 1: 4, 2: 2, 3: 2, 4: 2, 5: 2, 6: 2, 7: 2, 8: 6, 9: 1}
+    else:
+        assert depth["by_priority"] == {}
+        assert depth["consumers"] == 0
+
+
+def test_doctor_passes_an_installed_app(app_module: AppFactory, broker: str) -> None:
+    name = app_module(broker, f"q-{uuid.uuid4().hex[:8]}")
+    code, findings = invoke("doctor", "-A", name)
+    assert [f for f in findings if not f["ok"]] == []
+    assert code == 0
+
+
+def test_doctor_names_what_defeats_priorities(app_module: AppFactory, redis_server_url: str) -> None:
+    name = app_module(
+        redis_server_url + "/14",
+        f"q-{uuid.uuid4().hex[:8]}",
+        {
+            "worker_prefetch_multiplier": 4,
+            "task_acks_late": False,
+            "broker_transport_options": {"priority_steps": [0, 3, 6, 9], "visibility_timeout": 60},
+            "task_time_limit": 600,
+        },
+        install=False,
+    )
+    code, findings = invoke("doctor", "-A", name)
+    assert code == 1
+    assert failed(findings) == {
+        "router",
+        "prefetch",
+        "acks_late",
+        "priority_steps",
+        "queue_order_strategy",
+        "visibility_timeout",
+    }
+    assert all(f["fix"] for f in findings if not f["ok"])
+
+
+def test_doctor_finds_messages_stranded_by_a_producer_with_another_separator(
+    app_module: AppFactory, redis_server_url: str
+) -> None:
+    broker, queue = redis_server_url + "/14", f"q-{uuid.uuid4().hex[:8]}"
+    producer = app_module(broker, queue, {"broker_transport_options": {"sep": ":"}})
+    worker = app_module(broker, queue)
+    publish_burst(_app(producer))
+
+    code, findings = invoke("doctor", "-A", worker)
+    assert code == 1
+    (stranded,) = [f for f in findings if f["check"] == "stranded"]
+    assert f"'{queue}:8' (6 messages)" in stranded["detail"]
+    assert f"'{queue}:9' (1 messages)" in stranded["detail"]
+
+
+@pytest.mark.rabbitmq
+def test_doctor_refuses_a_fifo_rabbitmq_queue(app_module: AppFactory, amqp_url: str) -> None:
+    queue = f"fifo-{uuid.uuid4().hex[:8]}"
+    with Connection(amqp_url) as conn:
+        Queue(queue, channel=conn.default_channel).declare()
+    try:
+        code, findings = invoke("doctor", "-A", app_module(amqp_url, queue))
+        assert code == 1
+        (finding,) = [f for f in findings if not f["ok"]]
+        assert finding["check"] == "x-max-priority"
+        assert queue in finding["detail"] + finding["fix"]
+    finally:
+        with Connection(amqp_url) as conn:
+            conn.default_channel.queue_delete(queue)

@@ -1,0 +1,136 @@
+"""The operator CLI against a real Redis, in-process (CliRunner) and as a real program."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from priority_router import PriorityRouter
+from priority_router.cli import main
+
+
+@pytest.fixture
+def counter_url(redis_server_url: str) -> str:
+    return redis_server_url + "/13"
+
+
+@pytest.fixture
+def cli(counter_url: str, key_prefix: str) -> Callable[..., Result]:
+    runner = CliRunner()
+
+    def run(*args: str, input: str | None = None) -> Result:
+        return runner.invoke(
+            main, ["--redis-url", counter_url, "--key-prefix", key_prefix, *args], input=input
+        )
+
+    return run
+
+
+@pytest.fixture
+def router(counter_url: str, key_prefix: str) -> PriorityRouter:
+    router = PriorityRouter(redis_url=counter_url, key_prefix=key_prefix)
+    for _ in range(22):
+        router.record("bulk")
+    for _ in range(5):
+        router.record("medium")
+    router.record("light")
+    return router
+
+
+def test_status_lists_every_client_sorted_by_priority(
+    cli: Callable[..., Result], router: PriorityRouter
+) -> None:
+    result = cli("status", "--json")
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output)
+    assert [(r["client_id"], r["pending"], r["priority"]) for r in rows] == [
+        ("light", 0, 1),
+        ("medium", -4, 2),
+        ("bulk", -21, 9),
+    ]
+    for r in rows:
+        assert 0 <= r["seconds_since_update"] < 60
+        assert 1440 < r["seconds_until_reset"] <= 1500
+
+    table = cli("status")
+    assert table.exit_code == 0
+    assert table.output.index("light") < table.output.index("medium") < table.output.index("bulk")
+    assert "3 client(s) tracked" in table.output
+
+
+def test_inspect_reads_without_counting(cli: Callable[..., Result], router: PriorityRouter) -> None:
+    row = json.loads(cli("inspect", "medium", "--json").output)
+    assert (row["pending"], row["priority"], row["tracked"]) == (-4, 2, True)
+    assert router.peek("medium").pending == -4
+    unknown = json.loads(cli("inspect", "nobody", "--json").output)
+    assert (unknown["pending"], unknown["priority"], unknown["tracked"]) == (0, 1, False)
+
+
+def test_reset_one_client_asks_first(cli: Callable[..., Result], router: PriorityRouter) -> None:
+    declined = cli("reset", "bulk", input="n\n")
+    assert declined.exit_code == 1
+    assert router.peek("bulk").pending == -21
+
+    done = cli("reset", "bulk", "--yes")
+    assert done.exit_code == 0, done.output
+    assert router.peek("bulk").pending == 0
+    assert router.peek("medium").pending == -4
+
+
+def test_reset_all_needs_yes(cli: Callable[..., Result], router: PriorityRouter) -> None:
+    refused = cli("reset", "--all")
+    assert refused.exit_code == 2
+    assert "--yes" in refused.output
+    assert router.peek("bulk").pending == -21
+
+    done = cli("reset", "--all", "--yes")
+    assert done.exit_code == 0
+    assert "reset 3 client(s)" in done.output
+    assert json.loads(cli("status", "--json").output) == []
+
+
+def test_reset_needs_exactly_one_target(cli: Callable[..., Result]) -> None:
+    assert cli("reset").exit_code == 2
+    assert cli("reset", "x", "--all", "--yes").exit_code == 2
+
+
+def test_passwords_never_reach_the_output() -> None:
+    result = CliRunner().invoke(main, ["--redis-url", "redis://:hunter2@127.0.0.1:1/0", "status"])
+    assert result.exit_code == 1
+    assert "hunter2" not in result.output
+    assert "***" in result.output
+
+
+def test_bad_url_names_the_setting() -> None:
+    result = CliRunner().invoke(main, ["--redis-url", "http://example", "status"])
+    assert result.exit_code == 2
+    assert "redis_url" in result.output and "Fix:" in result.output
+
+
+def test_installed_program_reads_the_environment(
+    router: PriorityRouter, counter_url: str, key_prefix: str
+) -> None:
+    program = Path(sys.executable).parent / "priority-router"
+    assert program.exists(), "the console script is not installed: pip install -e ."
+    env = {**os.environ, "PRIORITY_ROUTER_REDIS_URL": counter_url, "PRIORITY_ROUTER_KEY_PREFIX": key_prefix}
+    done = subprocess.run(
+        [str(program), "status", "--json"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert [r["client_id"] for r in json.loads(done.stdout)] == ["light", "medium", "bulk"]
+
+    module = subprocess.run(
+        [sys.executable, "-m", "priority_router", "inspect", "bulk", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert json.loads(module.stdout)["priority"] == 9
