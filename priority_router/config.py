@@ -15,7 +15,6 @@ from .policy import DOCBITS_THRESHOLDS, LEAST_URGENT, MOST_URGENT, Policy
 ClientIdGetter = Callable[[str, tuple[Any, ...], dict[str, Any], dict[str, Any]], object]
 
 ENV_PREFIX = "PRIORITY_ROUTER_"
-_REDIS_SCHEMES = ("redis", "rediss", "unix")
 
 
 @dataclass(frozen=True)
@@ -173,27 +172,6 @@ def _tasks(value: object) -> tuple[str, ...] | None:
 
 
 def _check_redis_url(url: object) -> str:
-    from redis.connection import parse_url
+    from .connection import check_url
 
-    from .redact import redact_url
-
-    if not isinstance(url, str) or "://" not in url:
-        raise ConfigurationError(
-            "redis_url",
-            f"{url!r} is not a Redis URL",
-            "use redis://host:port/db, rediss://host:port/db (TLS) or unix:///path.sock",
-        )
-    scheme = url.split("://", 1)[0].lower()
-    if scheme not in _REDIS_SCHEMES:
-        raise ConfigurationError(
-            "redis_url",
-            f"scheme {scheme!r} in {redact_url(url)} is not a Redis scheme",
-            "use redis://, rediss:// (TLS) or unix://",
-        )
-    try:
-        parse_url(url)  # type: ignore[no-untyped-call]
-    except (ValueError, TypeError) as exc:
-        raise ConfigurationError(
-            "redis_url", f"{redact_url(url)} cannot be parsed ({exc})", "use redis://host:port/db"
-        ) from None
-    return url
+    return check_url(url)

@@ -18,6 +18,7 @@ from .app_settings import apply_priority_settings
 from .breaker import CircuitBreaker
 from .celery_hook import PublishReceiver, mark_publishes
 from .config import ClientIdGetter, RouterConfig
+from .connection import make_client
 from .counter import Counter
 from .decision import Decision, Reason
 from .errors import ConfigurationError, CounterUnavailable
@@ -100,13 +101,7 @@ class PriorityRouter:
     def _setup(self, config: RouterConfig, redis_client: redis.Redis | None) -> None:
         self.config = config
         if redis_client is None:
-            redis_client = redis.Redis.from_url(
-                config.redis_url,
-                socket_connect_timeout=config.connect_timeout,
-                socket_timeout=config.socket_timeout,
-                retry_on_timeout=False,
-                retry=None,
-            )
+            redis_client = make_client(config.redis_url, config.connect_timeout, config.socket_timeout)
         self.redis = redis_client
         self.counter = Counter(redis_client, config.key_prefix, config.reset_interval)
         self.policy = config.thresholds

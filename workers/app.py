@@ -6,6 +6,7 @@
 | ``RESULT_BACKEND`` | unset (no results kept) |
 | ``DOCUMENT_QUEUE`` | ``documents`` |
 | ``WORKER_INCLUDE`` | extra task modules, comma-separated |
+| ``BROKER_TRANSPORT_OPTIONS`` | JSON object, e.g. ``{"visibility_timeout": 7200}`` |
 | ``PRIORITY_ROUTER_ENABLED`` | ``true``; ``false`` runs plain Celery (the demo's baseline) |
 | ``PRIORITY_ROUTER_*`` | see the README's configuration reference |
 
@@ -14,6 +15,7 @@ Start it with ``celery -A workers.app worker``.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 
@@ -38,6 +40,8 @@ def create_app(environ: Mapping[str, str] | None = None) -> Celery:
         worker_send_task_events=True,
         broker_connection_retry_on_startup=True,
     )
+    if env.get("BROKER_TRANSPORT_OPTIONS"):
+        app.conf.broker_transport_options = json.loads(env["BROKER_TRANSPORT_OPTIONS"])
     if env.get("PRIORITY_ROUTER_ENABLED", "true").strip().lower() not in ("0", "false", "no", "off"):
         PriorityRouter.from_env(environ=env).install(app)
     return app

@@ -7,20 +7,10 @@ from collections.abc import Callable
 from typing import Any
 
 from celery import Celery
-from kombu import Message
+from support.broker import drain
 
 from priority_router import PriorityRouter, Transport, from_wire
 from priority_router import headers as H
-
-
-def drain(app: Celery, queue_name: str) -> list[Message]:
-    messages = []
-    with app.connection_for_read() as conn:
-        queue = app.amqp.queues[queue_name](conn.default_channel)
-        while (message := queue.get(no_ack=True)) is not None:
-            messages.append(message)
-        queue.delete()
-    return messages
 
 
 def transport_of(app: Celery) -> Transport:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from celery import Task, shared_task
@@ -42,3 +43,9 @@ def retry_once(self: Task, client_id: str) -> dict[str, Any]:
     if self.request.retries == 0:
         raise self.retry(countdown=0)
     return seen
+
+
+@shared_task(bind=True, name="tests.hold_and_record")
+def hold_and_record(self: Task, seconds: float, client_id: str | None = None) -> dict[str, Any]:
+    time.sleep(seconds)
+    return _seen(self)

