@@ -31,6 +31,8 @@ logger = logging.getLogger("priority_router")
 
 _publishing_app: ContextVar[Celery | None] = ContextVar("priority_router_app", default=None)
 _MARK = "__priority_router_marked__"
+#: Longest client id copied into the message headers.
+MAX_HEADER_ID = 1024
 
 
 def mark_publishes(app: Celery) -> None:
@@ -120,8 +122,11 @@ class PublishReceiver:
             if properties.get("priority") is None:
                 properties["priority"] = to_wire(decision.priority, self.transport)
             return
-        if decision.client_id is not None:
-            headers[self._header] = decision.client_id
+        client = decision.client_id
+        if client is not None and len(client) <= MAX_HEADER_ID:
+            # AMQP puts all headers in one frame (128 KiB by default); RabbitMQ drops a
+            # message whose headers overflow it, so a huge id stays where the user put it.
+            headers[self._header] = client
         headers[H.PRIORITY] = decision.priority
         headers[H.PENDING] = decision.pending
         headers[H.REASON] = decision.reason.value

@@ -22,11 +22,16 @@ from .decision import Decision
 CLIENT_KEY = "priority_router_client"
 PRIORITY_KEY = "priority_router_priority"
 PENDING_KEY = "priority_router_pending"
+#: Longer ids are shown cut (headers must stay small; see celery_hook.MAX_HEADER_ID).
+MAX_SHOWN_ID = 200
 
 
 def annotate_kwargsrepr(kwargsrepr: str, decision: Decision) -> str:
     """``kwargsrepr`` with the decision added; an unusual repr gets it appended."""
-    entries = {CLIENT_KEY: decision.client_id, PRIORITY_KEY: decision.priority, PENDING_KEY: decision.pending}
+    client = decision.client_id
+    if client is not None and len(client) > MAX_SHOWN_ID:
+        client = client[:MAX_SHOWN_ID] + "..."
+    entries = {CLIENT_KEY: client, PRIORITY_KEY: decision.priority, PENDING_KEY: decision.pending}
     extra = ", ".join(f"{key!r}: {value!r}" for key, value in entries.items())
     text = kwargsrepr.strip()
     if text == "{}" or not text:
