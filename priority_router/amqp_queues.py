@@ -8,6 +8,7 @@ and refuses to redeclare an existing queue with other arguments
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -64,6 +65,37 @@ def warn_quorum(name: str) -> None:
         "full priority ordering",
         name,
     )
+
+
+_INEQUIVALENT = re.compile(r"inequivalent arg 'x-max-priority' for queue '(?P<queue>.*?)' in vhost")
+_demoted: set[tuple[int, str]] = set()
+
+
+def fifo_queue_in(exc: BaseException) -> str | None:
+    """The queue name when ``exc`` is RabbitMQ refusing to add ``x-max-priority`` to it."""
+    from amqp.exceptions import PreconditionFailed
+
+    if not isinstance(exc, PreconditionFailed):
+        return None
+    match = _INEQUIVALENT.search(str(exc))
+    return match.group("queue") if match else None
+
+
+def demote_to_fifo(app: Celery, queue_name: str) -> None:
+    """Declare ``queue_name`` as it exists (no ``x-max-priority``) from now on, so
+    publishing to it keeps working; say once, loudly, that it serves FIFO."""
+    queue = app.amqp.queues.get(queue_name)
+    if queue is not None:
+        args = dict(queue.queue_arguments or {})
+        args.pop("x-max-priority", None)
+        queue.queue_arguments = args or None
+    if (id(app), queue_name) not in _demoted:
+        _demoted.add((id(app), queue_name))
+        logger.error(
+            "priority-router: %s. Until then documents published to it are delivered "
+            "without priority ordering (workers installed with the router refuse to consume it)",
+            QueueNotPriorityError(queue_name, "PRECONDITION_FAILED on publish"),
+        )
 
 
 def verify_priority_queues(app: Celery) -> list[str]:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from celery import Celery
 
 from . import headers as H
+from .amqp_queues import demote_to_fifo, fifo_queue_in
 from .decision import Decision, Reason
 from .flower_repr import annotate_kwargsrepr
 from .keys import normalize_client_id
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger("priority_router")
 
 _publishing_app: ContextVar[Celery | None] = ContextVar("priority_router_app", default=None)
+#: Set while a message already stamped is sent again (it must not be counted twice).
+_republishing: ContextVar[bool] = ContextVar("priority_router_republishing", default=False)
 _MARK = "__priority_router_marked__"
 #: Longest client id copied into the message headers.
 MAX_HEADER_ID = 1024
@@ -47,6 +50,19 @@ def mark_publishes(app: Celery) -> None:
         token = _publishing_app.set(app)
         try:
             return send(*args, **kwargs)
+        except Exception as exc:
+            queue = fifo_queue_in(exc)
+            if queue is None:
+                raise
+            # The queue predates the router: publish into it as it is rather than fail.
+            demote_to_fifo(app, queue)
+            producer = args[0] if args else kwargs["producer"]
+            producer.revive(producer.connection.channel())
+            again = _republishing.set(True)
+            try:
+                return send(*args, **kwargs)
+            finally:
+                _republishing.reset(again)
         finally:
             _publishing_app.reset(token)
 
@@ -88,6 +104,8 @@ class PublishReceiver:
         **_: Any,
     ) -> None:
         if _publishing_app.get() is not self.app or headers is None or properties is None:
+            return
+        if _republishing.get():
             return
         try:
             decision = self.decide(sender or "", body, headers)

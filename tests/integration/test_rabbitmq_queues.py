@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import uuid
 
 import pytest
 from celery import Celery
 from kombu import Connection, Queue
+from support.broker import drain
 from support.services import ROOT, worker_command, worker_environment
 
+from priority_router import headers as H
 from priority_router.amqp_queues import QueueNotPriorityError, verify_priority_queues
 from workers.app import create_app
 
@@ -75,3 +78,20 @@ def test_fresh_queue_is_declared_as_priority_queue(amqp_url: str, redis_server_u
             conn.default_channel.queue_delete(queue)
     finally:
         app.close()
+
+
+def test_publishing_to_a_fifo_queue_still_delivers_and_says_so_once(
+    fifo_queue: str, amqp_url: str, redis_server_url: str, key_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    env = {**_env(amqp_url, redis_server_url, fifo_queue), "PRIORITY_ROUTER_KEY_PREFIX": key_prefix}
+    app = create_app(env)
+    try:
+        for n in range(3):
+            app.send_task("workers.hold_document", ("acme", f"d{n}", 0), headers={"client_id": "acme"})
+        messages = drain(app, fifo_queue, expected=3)
+    finally:
+        app.close()
+    assert sorted(m.headers[H.PENDING] for m in messages) == [-2, -1, 0]  # each counted once
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1
+    assert fifo_queue in errors[0] and "delete" in errors[0]
