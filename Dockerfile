@@ -5,7 +5,7 @@ WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY priority_router ./priority_router
 COPY workers ./workers
-RUN pip install --no-cache-dir . flower
+RUN pip install --no-cache-dir ".[metrics]" flower
 RUN useradd --create-home --uid 1000 worker
 USER worker
 CMD ["celery", "-A", "workers.app", "worker", "--loglevel", "INFO"]

@@ -1,4 +1,6 @@
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from priority_router import DOCBITS_THRESHOLDS, ConfigurationError, Policy
 
@@ -64,3 +66,53 @@ def test_invalid_tables_name_the_setting(rows: list, message: str) -> None:
 def test_fallback_out_of_range() -> None:
     with pytest.raises(ConfigurationError, match="fallback"):
         Policy.from_rows([(-2, 2)], fallback=12)
+
+
+# -- properties -------------------------------------------------------------------------
+
+
+def _spec_priority(pending: int) -> int:
+    """SPEC.md's table, written out independently of the implementation."""
+    for limit, priority in ((-20, 9), (-14, 8), (-12, 7), (-10, 6), (-8, 5), (-6, 4), (-4, 3), (-2, 2)):
+        if pending < limit:
+            return priority
+    return 1
+
+
+@given(st.integers(min_value=-(10**12), max_value=10**12))
+def test_seed_table_matches_the_spec_everywhere(pending: int) -> None:
+    assert DOCBITS_THRESHOLDS.priority_for(pending) == _spec_priority(pending)
+
+
+@given(st.integers(max_value=0), st.integers(max_value=0))
+def test_more_pending_is_never_more_urgent(a: int, b: int) -> None:
+    low, high = sorted((a, b))  # low has more documents in its spell
+    assert DOCBITS_THRESHOLDS.priority_for(low) >= DOCBITS_THRESHOLDS.priority_for(high)
+
+
+rows = st.lists(
+    st.tuples(st.integers(-1000, 1000), st.integers(1, 9)), min_size=1, max_size=9, unique_by=lambda r: r[0]
+).map(lambda rs: sorted(rs))
+
+
+@given(rows, st.integers(1, 9), st.integers(-2000, 2000))
+def test_any_valid_table_picks_the_first_matching_row(
+    table: list[tuple[int, int]], fallback: int, pending: int
+) -> None:
+    policy = Policy.from_rows(table, fallback=fallback)
+    expected = next((p for limit, p in table if pending < limit), fallback)
+    assert policy.priority_for(pending) == expected
+    assert 1 <= policy.priority_for(pending) <= 9
+
+
+@given(st.lists(st.tuples(st.integers(-100, 100), st.integers(-5, 15)), min_size=1, max_size=6))
+def test_any_table_is_either_valid_or_refused_by_name(table: list[tuple[int, int]]) -> None:
+    limits = [limit for limit, _ in table]
+    valid = limits == sorted(set(limits)) and all(1 <= p <= 9 for _, p in table)
+    try:
+        Policy.from_rows(table)
+    except ConfigurationError as exc:
+        assert not valid
+        assert exc.setting.startswith("thresholds") and exc.fix
+    else:
+        assert valid

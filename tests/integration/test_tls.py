@@ -1,0 +1,73 @@
+"""The counter store over TLS (``rediss://``) against a real TLS-enabled redis-server."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from support.services import IN_CI, free_port
+
+from priority_router import PriorityRouter
+
+REDIS_SERVER = "/usr/bin/redis-server"
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def tls_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, Path]]:
+    if not (Path(REDIS_SERVER).exists() and shutil.which("openssl")):
+        reason = "a TLS-capable redis-server (Debian's) and openssl are needed"
+        if IN_CI:
+            pytest.fail(reason)
+        pytest.skip(reason)
+    d = tmp_path_factory.mktemp("tls")
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=test-ca",
+             "-keyout", "ca.key", "-out", "ca.pem", cwd=d)  # fmt: skip
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1",
+             "-keyout", "server.key", "-out", "server.csr", cwd=d)  # fmt: skip
+    (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    _openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+             "-days", "1", "-extfile", "san.ext", "-out", "server.pem", cwd=d)  # fmt: skip
+    port = free_port()
+    server = subprocess.Popen(
+        [REDIS_SERVER, "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1",
+         "--tls-cert-file", "server.pem", "--tls-key-file", "server.key", "--tls-ca-cert-file", "ca.pem",
+         "--tls-auth-clients", "no", "--requirepass", "s3cret-pw", "--save", "", "--appendonly", "no",
+         "--dir", str(d)],
+        cwd=d, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    time.sleep(0.5)
+    if server.poll() is not None:
+        pytest.fail(f"{REDIS_SERVER} did not start with TLS")
+    yield port, d / "ca.pem"
+    server.terminate()
+    server.wait(10)
+
+
+def test_rediss_url_counts_over_tls(tls_redis: tuple[int, Path], key_prefix: str) -> None:
+    port, ca = tls_redis
+    url = f"rediss://:s3cret-pw@127.0.0.1:{port}/0?ssl_ca_certs={ca}&ssl_cert_reqs=required"
+    router = PriorityRouter(redis_url=url, key_prefix=key_prefix, connect_timeout=2, socket_timeout=2)
+    assert [router.record("acme").pending for _ in range(3)] == [0, -1, -2]
+    assert "s3cret-pw" not in repr(router)
+
+
+def test_a_tls_failure_fails_open_without_leaking_the_password(
+    tls_redis: tuple[int, Path], key_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    port, _ = tls_redis
+    # No CA given: the server's certificate cannot be verified, so every check fails.
+    url = f"rediss://:s3cret-pw@127.0.0.1:{port}/0?ssl_cert_reqs=required"
+    router = PriorityRouter(redis_url=url, key_prefix=key_prefix, connect_timeout=2, socket_timeout=2)
+    decision = router.decide("acme")
+    assert (decision.priority, decision.reason.value) == (5, "fail-open")
+    logged = " ".join(r.getMessage() for r in caplog.records)
+    assert "priority counter" in logged
+    assert "s3cret-pw" not in logged
