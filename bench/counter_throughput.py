@@ -96,6 +96,15 @@ def main() -> None:
                 4,
             ),
             "Lua INCR+PEXPIRE (EVALSHA)": (lambda k: pack(b"EVALSHA", sha, b"1", k, INTERVAL_MS), 1),
+            "INCR; PEXPIRE (no MULTI)": (lambda k: pack(b"INCR", k) + pack(b"PEXPIRE", k, INTERVAL_MS), 2),
+            "PEXPIRE; SET NX PX; INCR": (
+                lambda k: (
+                    pack(b"PEXPIRE", k, INTERVAL_MS)
+                    + pack(b"SET", k, b"0", b"NX", b"PX", INTERVAL_MS)
+                    + pack(b"INCR", k)
+                ),
+                3,
+            ),
         }
         results: dict[str, list[float]] = {name: [] for name in variants}
         for _ in range(args.rounds):
