@@ -67,8 +67,8 @@ def _answers(url: str) -> bool:
 
 
 @contextmanager
-def redis_for_demo() -> Iterator[str]:
-    """``REDIS_URL``, else a local Redis that answers, else an embedded one (stopped after)."""
+def redis_for_demo(local: str = "redis://127.0.0.1:6379") -> Iterator[str]:
+    """``REDIS_URL``, else ``local`` if it answers, else an embedded one (stopped after)."""
     configured = os.environ.get("REDIS_URL")
     if configured:
         if not _answers(configured):
@@ -76,7 +76,6 @@ def redis_for_demo() -> Iterator[str]:
         console.print(f"Redis: {_redacted(configured)} (from REDIS_URL)")
         yield configured.rstrip("/")
         return
-    local = "redis://127.0.0.1:6379"
     if _answers(local):
         console.print(f"Redis: {local} (answering locally)")
         yield local

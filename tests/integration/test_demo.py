@@ -11,6 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
+from support.services import free_port
+
+from priority_router.demo import _answers, redis_for_demo
 
 PROGRAM = [sys.executable, "-m", "priority_router", "demo"]
 
@@ -79,3 +82,13 @@ def test_ctrl_c_stops_every_worker(demo_env: dict[str, str], tmp_path: Path) -> 
     assert pids
     assert not [p for p in pids if alive(p)]
     assert not (tmp_path / "x.png").exists()
+
+
+def test_without_any_redis_the_demo_starts_and_stops_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    nowhere = f"redis://127.0.0.1:{free_port()}"
+    with redis_for_demo(local=nowhere) as url:
+        assert url != nowhere
+        assert _answers(url)
+    assert not _answers(url)
