@@ -31,6 +31,11 @@ from .router import PriorityRouter
 
 console = Console()
 
+app_option = click.option(
+    "-A", "--app", "app_name", required=True, help="The Celery app, as for `celery -A`."
+)
+json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+
 
 class Context:
     def __init__(self, redis_url: str | None, key_prefix: str | None, reset_interval: float | None) -> None:
@@ -109,7 +114,7 @@ def _row(router: PriorityRouter, state: CounterState) -> dict[str, Any]:
 
 
 @main.command()
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@json_option
 @click.option("--limit", type=int, default=None, help="Show at most this many clients.")
 @click.pass_context
 def status(ctx: click.Context, as_json: bool, limit: int | None) -> None:
@@ -146,7 +151,7 @@ def _seconds(value: float | None) -> str:
 
 @main.command()
 @click.argument("client")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@json_option
 @click.pass_context
 def inspect(ctx: click.Context, client: str, as_json: bool) -> None:
     """One client's pending count and priority (read-only)."""
@@ -201,8 +206,8 @@ def reset(ctx: click.Context, client: str | None, everyone: bool, yes: bool) -> 
 
 
 @main.command()
-@click.option("-A", "--app", "app_name", required=True, help="The Celery app, as for `celery -A`.")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@app_option
+@json_option
 def queues(app_name: str, as_json: bool) -> None:
     """Messages waiting in each of the app's queues (per priority level on Redis)."""
     from .queue_depth import queue_depths
@@ -249,8 +254,8 @@ def queues(app_name: str, as_json: bool) -> None:
 
 
 @main.command()
-@click.option("-A", "--app", "app_name", required=True, help="The Celery app, as for `celery -A`.")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@app_option
+@json_option
 def doctor(app_name: str, as_json: bool) -> None:
     """Check what silently defeats priorities; exit 1 when anything does."""
     from .doctor import diagnose
