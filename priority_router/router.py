@@ -27,7 +27,7 @@ from .metrics import get_metrics, serve
 from .policy import DOCBITS_THRESHOLDS, Policy
 from .redact import redact_url
 from .wire import Transport
-from .worker_side import watch_queue_wait
+from .worker_side import unwatch, watch_queue_wait
 
 logger = logging.getLogger("priority_router")
 
@@ -212,6 +212,7 @@ class PriorityRouter:
             if receiver is None or receiver.router is not self:
                 return
             before_task_publish.disconnect(receiver, dispatch_uid=_uid(app))
+            unwatch(app)
             del _installed[app]
 
 

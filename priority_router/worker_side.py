@@ -43,3 +43,9 @@ def watch_queue_wait(app: Celery, metrics: RouterMetrics, port: int | None) -> N
             )
 
     worker_ready.connect(on_ready, weak=False, dispatch_uid=f"priority_router:metrics:{id(app)}")
+
+
+def unwatch(app: Celery) -> None:
+    """Undo :func:`watch_queue_wait` for ``app`` (a server already started keeps running)."""
+    task_prerun.disconnect(dispatch_uid=f"priority_router:wait:{id(app)}")
+    worker_ready.disconnect(dispatch_uid=f"priority_router:metrics:{id(app)}")

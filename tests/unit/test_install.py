@@ -73,8 +73,16 @@ def test_install_is_idempotent() -> None:
     first = r.install(app)
     assert r.install(app) is first
     assert receivers_of(app) == 1
+    assert f"priority_router:wait:{id(app)}" in prerun_uids()
     r.uninstall(app)
     assert receivers_of(app) == 0
+    assert f"priority_router:wait:{id(app)}" not in prerun_uids()
+
+
+def prerun_uids() -> set[str]:
+    from celery.signals import task_prerun
+
+    return {key[0] for key, _ in task_prerun.receivers if isinstance(key[0], str)}
 
 
 def test_second_router_on_same_app_is_refused() -> None:
