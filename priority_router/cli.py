@@ -95,7 +95,9 @@ def main(
 
 def _router(ctx: click.Context) -> PriorityRouter:
     try:
-        return ctx.find_object(Context).router  # type: ignore[union-attr]
+        context = ctx.find_object(Context)
+        assert context is not None, "priority-router commands run under the main group"
+        return context.router
     except ConfigurationError as exc:
         _fail(str(exc), 2)
         raise  # unreachable

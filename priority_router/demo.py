@@ -15,16 +15,19 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 import redis
+from celery import Celery
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 console = Console()
@@ -171,13 +174,16 @@ def running_workers(env: dict[str, str], workload: Workload) -> Iterator[list[in
             os.unlink(log.name)
 
 
-def _wait_ready(env: dict[str, str], count: int, procs: list[subprocess.Popen[bytes]], logs: list) -> None:  # type: ignore[type-arg]
+def _wait_ready(
+    env: dict[str, str], count: int, procs: list[subprocess.Popen[bytes]], logs: Sequence[IO[bytes]]
+) -> None:
     from workers.app import create_app
 
     app = create_app(env)
     deadline = time.monotonic() + 60
     try:
         while time.monotonic() < deadline:
+            _check_stop()
             for p, log in zip(procs, logs, strict=True):
                 if p.poll() is not None:
                     raise SystemExit(f"a worker exited:\n{Path(log.name).read_text(errors='replace')}")
@@ -219,6 +225,7 @@ def run_once(mode: str, redis_url: str, workload: Workload, progress: Progress) 
             }
             start = time.time()
             for n in range(workload.heavy):
+                _check_stop()
                 r = app.send_task(
                     "workers.hold_document",
                     ("heavy", f"h{n}", workload.doc_seconds),
@@ -229,6 +236,7 @@ def run_once(mode: str, redis_url: str, workload: Workload, progress: Progress) 
             gap = workload.light_spread / max(1, len(light))
             pending = dict(published)
             for i, (c, d) in enumerate(light):
+                _check_stop()
                 time.sleep(max(0.0, start + 0.05 + i * gap - time.time()))
                 r = app.send_task(
                     "workers.hold_document",
@@ -239,6 +247,7 @@ def run_once(mode: str, redis_url: str, workload: Workload, progress: Progress) 
                 _collect(app, pending, published, result, progress, bars)
             deadline = time.monotonic() + 120
             while pending and time.monotonic() < deadline:
+                _check_stop()
                 _collect(app, pending, published, result, progress, bars)
                 time.sleep(0.05)
             if pending:
@@ -249,7 +258,14 @@ def run_once(mode: str, redis_url: str, workload: Workload, progress: Progress) 
     return result
 
 
-def _collect(app, pending, published, result: RunResult, progress: Progress, bars) -> None:  # type: ignore[no-untyped-def]
+def _collect(
+    app: Celery,
+    pending: dict[str, tuple[str, float]],
+    published: dict[str, tuple[str, float]],
+    result: RunResult,
+    progress: Progress,
+    bars: dict[str, TaskID],
+) -> None:
     for tid in list(pending):
         async_result = app.AsyncResult(tid)
         if not async_result.ready():
@@ -261,7 +277,7 @@ def _collect(app, pending, published, result: RunResult, progress: Progress, bar
         progress.advance(bars[group])
 
 
-def _cleanup(app, env: dict[str, str]) -> None:  # type: ignore[no-untyped-def]
+def _cleanup(app: Celery, env: dict[str, str]) -> None:
     try:
         with app.connection_for_write() as conn:
             conn.default_channel.queue_delete(env["DOCUMENT_QUEUE"])
@@ -321,9 +337,27 @@ def _chart(plain: RunResult, routed: RunResult, path: Path) -> None:
     plt.close(fig)
 
 
+_stop_requested = threading.Event()
+
+
+def _on_stop_signal(signum: int, frame: object) -> None:
+    # Python drops an exception raised while a finalizer runs, so the loops also
+    # check the flag: one Ctrl-C (or SIGTERM) always ends the demo and its workers.
+    # A second one while the workers are being stopped must not cut that short.
+    if _stop_requested.is_set():
+        return
+    _stop_requested.set()
+    raise KeyboardInterrupt
+
+
+def _check_stop() -> None:
+    if _stop_requested.is_set():
+        raise KeyboardInterrupt
+
+
 def run_demo(workload: Workload, chart: Path) -> int:
-    # Ctrl-C while workers run must still stop them: turn SIGTERM into the same path.
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    signal.signal(signal.SIGINT, _on_stop_signal)
+    signal.signal(signal.SIGTERM, _on_stop_signal)
     total = workload.heavy + workload.light_clients * workload.light_docs
     console.print(
         f"[bold]priority-router demo[/]: a heavy client dumps {workload.heavy} documents, "
@@ -341,7 +375,9 @@ def run_demo(workload: Workload, chart: Path) -> int:
             )
             with Progress(*columns, console=console) as progress:
                 plain = run_once("plain", url, workload, progress)
+                _check_stop()
                 routed = run_once("router", url, workload, progress)
+        _check_stop()
         report(plain, routed, chart)
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: workers and Redis stopped[/]")

@@ -47,7 +47,7 @@ def test_demo_compares_plain_celery_and_the_router(demo_env: dict[str, str], tmp
     out = done.stdout
     assert "(from REDIS_URL)" in out
     assert "plain Celery" in out and "with priority-router" in out
-    assert re.search(r"start \d+x sooner at p95", out)
+    assert re.search(r"start\s+\d+x\s+sooner\s+at\s+p95", out), out
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     pids = worker_pids(out)
     assert len(pids) == 4
@@ -72,7 +72,7 @@ def test_ctrl_c_stops_every_worker(demo_env: dict[str, str], tmp_path: Path) -> 
             time.sleep(0.2)
         time.sleep(1)
         demo.send_signal(signal.SIGINT)
-        assert demo.wait(60) == 130
+        assert demo.wait(60) == 130, log.read_text()
     finally:
         if demo.poll() is None:
             demo.kill()
