@@ -98,16 +98,25 @@ def demote_to_fifo(app: Celery, queue_name: str) -> None:
         )
 
 
-def verify_priority_queues(app: Celery) -> list[str]:
+def verify_priority_queues(app: Celery, create: bool = True) -> list[str]:
     """Declare each queue the app uses; raise :class:`QueueNotPriorityError` on the first
-    that exists without matching priority arguments.  Returns the queue names checked."""
-    from amqp.exceptions import PreconditionFailed
+    that exists without matching priority arguments.  Returns the queue names checked.
+
+    With ``create=False`` a queue that does not exist yet is left uncreated (and unlisted).
+    """
+    from amqp.exceptions import NotFound, PreconditionFailed
 
     checked = []
     with app.connection_for_write() as conn:
         for queue in app.amqp.queues.values():
             channel = conn.channel()
             try:
+                if not create:
+                    try:
+                        channel.queue_declare(queue=queue.name, passive=True)
+                    except NotFound:
+                        continue
+                    channel = conn.channel()  # a failed passive declare closes the channel
                 queue.bind(channel).declare()
             except PreconditionFailed as exc:
                 raise QueueNotPriorityError(queue.name, str(exc)) from None

@@ -231,11 +231,16 @@ def _check_amqp_queues(app: Celery, transport: Transport) -> Iterator[Finding]:
     if bad:
         return
     try:
-        checked = verify_priority_queues(app)
+        # Passive first: the doctor creates nothing a worker has not created yet.
+        checked = verify_priority_queues(app, create=False)
     except QueueNotPriorityError as exc:
         yield Finding("x-max-priority", False, exc.problem, exc.fix)
         return
-    yield Finding("x-max-priority", True, "priority queues: " + ", ".join(checked))
+    missing = [q.name for q in app.amqp.queues.values() if q.name not in checked]
+    detail = "priority queues: " + (", ".join(checked) or "none declared yet")
+    if missing:
+        detail += f"; not created yet (a worker will declare them with priorities): {', '.join(missing)}"
+    yield Finding("x-max-priority", True, detail)
 
 
 _CHECKS: dict[str, Check] = {

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from amqp.exceptions import NotFound
 from celery import Celery
 from click.testing import CliRunner
 from kombu import Connection, Queue
@@ -119,10 +120,15 @@ def test_queues_counts_each_priority_level(app_module: AppFactory, broker: str) 
 
 
 def test_doctor_passes_an_installed_app(app_module: AppFactory, broker: str) -> None:
-    name = app_module(broker, f"q-{uuid.uuid4().hex[:8]}")
+    queue = f"q-{uuid.uuid4().hex[:8]}"
+    name = app_module(broker, queue)
     code, findings = invoke("doctor", "-A", name)
     assert [f for f in findings if not f["ok"]] == []
     assert code == 0
+    if broker.startswith("amqp"):
+        # The doctor looked without creating anything.
+        with Connection(broker) as conn, pytest.raises(NotFound):
+            conn.default_channel.queue_declare(queue=queue, passive=True)
 
 
 def test_doctor_names_what_defeats_priorities(app_module: AppFactory, redis_server_url: str) -> None:
