@@ -27,7 +27,7 @@ from .config import RouterConfig
 from .counter import CounterState
 from .errors import ConfigurationError, CounterUnavailable, PriorityRouterError
 from .redact import redact_url
-from .router import PriorityRouter
+from .router import PriorityRouter, installed_router
 
 console = Console()
 
@@ -35,6 +35,13 @@ app_option = click.option(
     "-A", "--app", "app_name", required=True, help="The Celery app, as for `celery -A`."
 )
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+router_app_option = click.option(
+    "-A",
+    "--app",
+    "app_name",
+    default=None,
+    help="Use the router installed on this Celery app (its Redis, key prefix and thresholds).",
+)
 
 
 class Context:
@@ -93,7 +100,15 @@ def main(
     ctx.obj = Context(redis_url, key_prefix, reset_interval)
 
 
-def _router(ctx: click.Context) -> PriorityRouter:
+def _router(ctx: click.Context, app_name: str | None = None) -> PriorityRouter:
+    if app_name is not None:
+        installed = installed_router(_load_app(app_name))
+        if installed is None:
+            _fail(f"no PriorityRouter is installed on {app_name!r}; call install(app) where it is created", 2)
+            raise AssertionError  # unreachable
+        # An operator's command may wait longer for Redis than a publish does.
+        patient = dataclasses.replace(installed.config, connect_timeout=2.0, socket_timeout=5.0)
+        return PriorityRouter.from_config(patient)
     try:
         context = ctx.find_object(Context)
         assert context is not None, "priority-router commands run under the main group"
@@ -117,11 +132,12 @@ def _row(router: PriorityRouter, state: CounterState) -> dict[str, Any]:
 
 @main.command()
 @json_option
+@router_app_option
 @click.option("--limit", type=int, default=None, help="Show at most this many clients.")
 @click.pass_context
-def status(ctx: click.Context, as_json: bool, limit: int | None) -> None:
+def status(ctx: click.Context, as_json: bool, app_name: str | None, limit: int | None) -> None:
     """Every tracked client: pending count, priority, last update, time to reset."""
-    router = _router(ctx)
+    router = _router(ctx, app_name)
     try:
         rows = [_row(router, s) for s in router.counter.scan()]
     except Exception as exc:
@@ -154,10 +170,11 @@ def _seconds(value: float | None) -> str:
 @main.command()
 @click.argument("client")
 @json_option
+@router_app_option
 @click.pass_context
-def inspect(ctx: click.Context, client: str, as_json: bool) -> None:
+def inspect(ctx: click.Context, client: str, as_json: bool, app_name: str | None) -> None:
     """One client's pending count and priority (read-only)."""
-    router = _router(ctx)
+    router = _router(ctx, app_name)
     try:
         state = router.counter.read(router._client(client))
     except ValueError as exc:
@@ -180,12 +197,13 @@ def inspect(ctx: click.Context, client: str, as_json: bool) -> None:
 @click.argument("client", required=False)
 @click.option("--all", "everyone", is_flag=True, help="Reset every client.")
 @click.option("--yes", is_flag=True, help="Do it without asking.")
+@router_app_option
 @click.pass_context
-def reset(ctx: click.Context, client: str | None, everyone: bool, yes: bool) -> None:
+def reset(ctx: click.Context, client: str | None, everyone: bool, yes: bool, app_name: str | None) -> None:
     """Forget CLIENT's count (or every client's with --all): next document at pending 0."""
     if everyone == (client is not None):
         _fail("name one CLIENT, or pass --all (not both)", 2)
-    router = _router(ctx)
+    router = _router(ctx, app_name)
     if everyone:
         if not yes:
             _fail("reset --all forgets every client's count; add --yes to confirm", 2)

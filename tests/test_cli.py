@@ -134,3 +134,30 @@ def test_installed_program_reads_the_environment(
         timeout=60,
     )
     assert json.loads(module.stdout)["priority"] == 9
+
+
+def test_status_uses_the_router_installed_on_an_app(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, counter_url: str, key_prefix: str
+) -> None:
+    # A custom table: 5 documents are already priority 9 under it (1 under the seed table).
+    (tmp_path / "custom_app.py").write_text(
+        "from celery import Celery\n"
+        "from priority_router import Policy, PriorityRouter\n"
+        "app = Celery('custom', broker='memory://')\n"
+        f"router = PriorityRouter(redis_url={counter_url!r}, key_prefix={key_prefix!r},\n"
+        "                        thresholds=Policy.from_rows([(-3, 9)]))\n"
+        "router.install(app)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    router = PriorityRouter(redis_url=counter_url, key_prefix=key_prefix)
+    for _ in range(5):
+        router.record("busy")
+    result = CliRunner().invoke(main, ["status", "-A", "custom_app", "--json"])
+    assert result.exit_code == 0, result.output
+    assert [(r["client_id"], r["priority"]) for r in json.loads(result.output)] == [("busy", 9)]
+
+    plain = tmp_path / "plain_app.py"
+    plain.write_text("from celery import Celery\napp = Celery('plain', broker='memory://')\n")
+    refused = CliRunner().invoke(main, ["status", "-A", "plain_app"])
+    assert refused.exit_code == 2
+    assert "no PriorityRouter is installed" in refused.output
