@@ -12,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from support.services import free_port, running_worker
 
 from priority_router.metrics import serve
+from workers.app import create_app
 
 
 def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -28,7 +29,9 @@ def value(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: s
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
-def test_publisher_counts_assignments_and_counter_round_trips(producer: Callable[[], Celery]) -> None:
+def test_publisher_counts_assignments_and_counter_round_trips(
+    producer: Callable[[], Celery], worker_env: dict[str, str]
+) -> None:
     port = serve(0, addr="127.0.0.1")
     url = f"http://127.0.0.1:{port}/metrics"
     before = scrape(url)
@@ -46,6 +49,18 @@ def test_publisher_counts_assignments_and_counter_round_trips(producer: Callable
     assert delta("priority_router_assignments_total", priority="5", reason="no-client") == 1
     assert delta("priority_router_counter_seconds_count") == 5
     assert delta("priority_router_fail_open_total") == 0
+
+    # A counter store that refuses: every publish still goes out and is counted as fail-open.
+    down = create_app({**worker_env, "PRIORITY_ROUTER_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"})
+    for n in range(3):
+        down.send_task("workers.hold_document", ("acme", f"x{n}", 0), headers={"client_id": "acme"})
+    down.close()
+    final = scrape(url)
+    assert (
+        value(final, "priority_router_fail_open_total") - value(after, "priority_router_fail_open_total") == 3
+    )
+    fail_open = ("priority_router_assignments_total", (("priority", "5"), ("reason", "fail-open")))
+    assert final.get(fail_open, 0) - after.get(fail_open, 0) == 3
 
 
 @pytest.mark.parametrize("pool", ["threads", "prefork"])
