@@ -23,6 +23,11 @@ from priority_router import ConfigurationError, PriorityRouter, RouterConfig
         ({"tasks": [1, 2]}, "tasks"),
         ({"cooldown": 0}, "cooldown"),
         ({"socket_timeout": -1}, "socket_timeout"),
+        ({"metrics_port": 70000}, "metrics_port"),
+        ({"metrics_port": "9808"}, "metrics_port"),
+        ({"flower_kwargsrepr": "yes"}, "flower_kwargsrepr"),
+        ({"redis_url": "redis+sentinel://127.0.0.1:26379"}, "redis_url"),
+        ({"redis_url": "redis+sentinel://127.0.0.1:notaport/docs"}, "redis_url"),
     ],
 )
 def test_bad_settings_raise_configuration_error_naming_them(kwargs: dict, setting: str) -> None:
@@ -62,3 +67,22 @@ def test_from_env_bad_number_names_the_variable() -> None:
 def test_repr_redacts_password() -> None:
     router = PriorityRouter(redis_url="redis://:hunter2@localhost:6379/0")
     assert "hunter2" not in repr(router)
+
+
+def test_from_env_reads_the_observability_settings() -> None:
+    config = RouterConfig.from_env(
+        {"PRIORITY_ROUTER_METRICS_PORT": "9808", "PRIORITY_ROUTER_FLOWER_KWARGSREPR": "off"}
+    )
+    assert (config.metrics_port, config.flower_kwargsrepr) == (9808, False)
+    with pytest.raises(ConfigurationError, match="PRIORITY_ROUTER_FLOWER_KWARGSREPR"):
+        RouterConfig.from_env({"PRIORITY_ROUTER_FLOWER_KWARGSREPR": "maybe"})
+
+
+def test_sentinel_and_tls_urls_are_accepted() -> None:
+    for url in (
+        "redis+sentinel://:pw@10.0.0.1:26379,10.0.0.2:26379/docs/3",
+        "rediss+sentinel://s1/docs",
+        "rediss://:pw@redis.example:6380/0?ssl_cert_reqs=required",
+        "unix:///var/run/redis.sock?db=2",
+    ):
+        assert RouterConfig(redis_url=url).redis_url == url
