@@ -18,7 +18,8 @@ logger = logging.getLogger("priority_router")
 #: kombu's Redis transport keeps one list per step; 0..9 gives every logical level its own.
 REDIS_PRIORITY_STEPS = list(range(10))
 
-_COSTS = {
+#: What keeping each setting at another value costs (warnings here, findings in ``doctor``).
+COSTS = {
     "worker_prefetch_multiplier": "each worker process reserves more messages ahead, "
     "so urgent documents published later wait behind them",
     "task_acks_late": "a message is acknowledged before it runs, so the worker fetches "
@@ -84,5 +85,5 @@ def _warn_kept(setting: str, current: object, wanted: object) -> None:
         setting,
         current,
         wanted,
-        _COSTS.get(base, "priorities may not take full effect"),
+        COSTS.get(base, "priorities may not take full effect"),
     )

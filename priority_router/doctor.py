@@ -13,9 +13,11 @@ from dataclasses import dataclass
 import kombu
 import redis
 from celery import Celery
+from kombu.transport.redis import PRIORITY_STEPS as KOMBU_PRIORITY_STEPS
+from kombu.transport.redis import Channel as KombuRedisChannel
 
 from .amqp_queues import QueueNotPriorityError, verify_priority_queues
-from .app_settings import REDIS_PRIORITY_STEPS
+from .app_settings import COSTS, REDIS_PRIORITY_STEPS
 from .counter import _glob_escape
 from .router import installed_router, transport_of
 from .wire import AMQP_MAX_PRIORITY, Transport
@@ -80,9 +82,7 @@ def _check_prefetch(app: Celery, transport: Transport) -> Iterator[Finding]:
         yield Finding(
             "prefetch",
             False,
-            f"worker_prefetch_multiplier={value}: each worker process reserves "
-            f"{'unlimited' if value == 0 else value} messages, so urgent documents published "
-            "later wait behind them",
+            f"worker_prefetch_multiplier={value}: {COSTS['worker_prefetch_multiplier']}",
             "set worker_prefetch_multiplier = 1 (install() does unless you set it)",
         )
     else:
@@ -94,8 +94,7 @@ def _check_acks(app: Celery, transport: Transport) -> Iterator[Finding]:
         yield Finding(
             "acks_late",
             False,
-            "task_acks_late=False: workers acknowledge on receipt and fetch the next message "
-            "early, and a crashed worker loses its document",
+            f"task_acks_late=False: {COSTS['task_acks_late']}",
             "set task_acks_late = True (install() does unless you set it)",
         )
         return
@@ -117,24 +116,22 @@ def _check_redis_steps(app: Celery, transport: Transport) -> Iterator[Finding]:
     if transport is not Transport.REDIS:
         return
     options = app.conf.broker_transport_options or {}
-    steps = list(options.get("priority_steps", [0, 3, 6, 9]))
+    steps = list(options.get("priority_steps", KOMBU_PRIORITY_STEPS))
     if steps != REDIS_PRIORITY_STEPS:
         yield Finding(
             "priority_steps",
             False,
-            f"broker_transport_options['priority_steps']={steps}: logical priorities that share "
-            "a step are served in arrival order",
+            f"broker_transport_options['priority_steps']={steps}: {COSTS['priority_steps']}",
             "set priority_steps to list(range(10)) (install() does unless you set it)",
         )
     else:
         yield Finding("priority_steps", True, "priority_steps 0..9")
-    order = options.get("queue_order_strategy", "round_robin")
+    order = options.get("queue_order_strategy", KombuRedisChannel.queue_order_strategy)
     if order != "priority":
         yield Finding(
             "queue_order_strategy",
             False,
-            f"queue_order_strategy={order!r}: a worker consuming several queues polls them "
-            "in rotation, not most urgent first",
+            f"queue_order_strategy={order!r}: {COSTS['queue_order_strategy']}",
             "set broker_transport_options['queue_order_strategy'] = 'priority'",
         )
 
