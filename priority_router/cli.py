@@ -52,10 +52,13 @@ class Context:
     @property
     def router(self) -> PriorityRouter:
         if self._router is None:
-            # An operator's command may wait longer for Redis than a publish does.
-            config = RouterConfig.from_env(None, connect_timeout=2.0, socket_timeout=5.0, **self._overrides)
-            self._router = PriorityRouter.from_config(config)
+            self._router = _operator_router(RouterConfig.from_env(None, **self._overrides))
         return self._router
+
+
+def _operator_router(config: RouterConfig) -> PriorityRouter:
+    # An operator's command may wait longer for Redis than a publish does.
+    return PriorityRouter.from_config(dataclasses.replace(config, connect_timeout=2.0, socket_timeout=5.0))
 
 
 def _fail(message: str, code: int = 1) -> None:
@@ -106,9 +109,7 @@ def _router(ctx: click.Context, app_name: str | None = None) -> PriorityRouter:
         if installed is None:
             _fail(f"no PriorityRouter is installed on {app_name!r}; call install(app) where it is created", 2)
             raise AssertionError  # unreachable
-        # An operator's command may wait longer for Redis than a publish does.
-        patient = dataclasses.replace(installed.config, connect_timeout=2.0, socket_timeout=5.0)
-        return PriorityRouter.from_config(patient)
+        return _operator_router(installed.config)
     try:
         context = ctx.find_object(Context)
         assert context is not None, "priority-router commands run under the main group"
