@@ -105,6 +105,9 @@ class RouterConfig:
         return cls(**values)
 
 
+_INT_HINTS = {"default_priority": "set it to 1..9", "metrics_port": "set it to a port, e.g. 9808"}
+
+
 def _parse_env(name: str, raw: str) -> Any:
     env = ENV_PREFIX + name.upper()
     if name in ("reset_interval", "connect_timeout", "socket_timeout", "cooldown"):
@@ -114,16 +117,11 @@ def _parse_env(name: str, raw: str) -> Any:
             raise ConfigurationError(
                 env, f"{raw!r} is not a number", "set it to seconds, e.g. 1500"
             ) from None
-    if name == "metrics_port":
+    if name in _INT_HINTS:
         try:
             return int(raw)
         except ValueError:
-            raise ConfigurationError(env, f"{raw!r} is not a port number", "set it to e.g. 9808") from None
-    if name == "default_priority":
-        try:
-            return int(raw)
-        except ValueError:
-            raise ConfigurationError(env, f"{raw!r} is not a whole number", "set it to 1..9") from None
+            raise ConfigurationError(env, f"{raw!r} is not a whole number", _INT_HINTS[name]) from None
     if name == "flower_kwargsrepr":
         lowered = raw.strip().lower()
         if lowered in ("1", "true", "yes", "on"):
