@@ -85,23 +85,16 @@ def failed(findings: list[dict[str, Any]]) -> set[str]:
     return {f["check"] for f in findings if not f["ok"]}
 
 
-@pytest.fixture(params=["redis", pytest.param("amqp", marks=pytest.mark.rabbitmq)])
-def broker(request: pytest.FixtureRequest, redis_server_url: str) -> str:
-    if request.param == "redis":
-        return redis_server_url + "/14"
-    return str(request.getfixturevalue("amqp_url"))
-
-
 def publish_burst(app: Celery) -> None:
     for _ in range(22):
         app.send_task("doc", headers={"client_id": "bulk"})
     app.send_task("doc", headers={"client_id": "light"})
 
 
-def test_queues_counts_each_priority_level(app_module: AppFactory, broker: str) -> None:
+def test_queues_counts_each_priority_level(app_module: AppFactory, broker_url: str) -> None:
     queue = f"q-{uuid.uuid4().hex[:8]}"
-    routed = app_module(broker, queue)
-    plain = app_module(broker, queue, install=False)
+    routed = app_module(broker_url, queue)
+    plain = app_module(broker_url, queue, install=False)
     publish_burst(_app(routed))
     _app(plain).send_task("doc")
 
@@ -119,15 +112,15 @@ def test_queues_counts_each_priority_level(app_module: AppFactory, broker: str) 
         assert depth["consumers"] == 0
 
 
-def test_doctor_passes_an_installed_app(app_module: AppFactory, broker: str) -> None:
+def test_doctor_passes_an_installed_app(app_module: AppFactory, broker_url: str) -> None:
     queue = f"q-{uuid.uuid4().hex[:8]}"
-    name = app_module(broker, queue)
+    name = app_module(broker_url, queue)
     code, findings = invoke("doctor", "-A", name)
     assert [f for f in findings if not f["ok"]] == []
     assert code == 0
-    if broker.startswith("amqp"):
+    if broker_url.startswith("amqp"):
         # The doctor looked without creating anything.
-        with Connection(broker) as conn, pytest.raises(NotFound):
+        with Connection(broker_url) as conn, pytest.raises(NotFound):
             conn.default_channel.queue_declare(queue=queue, passive=True)
 
 
