@@ -15,6 +15,8 @@ from .policy import DOCBITS_THRESHOLDS, LEAST_URGENT, MOST_URGENT, Policy
 ClientIdGetter = Callable[[str, tuple[Any, ...], dict[str, Any], dict[str, Any]], object]
 
 ENV_PREFIX = "PRIORITY_ROUTER_"
+#: Shortest idle reset accepted, in seconds.
+MIN_RESET_INTERVAL = 1.0
 
 
 @dataclass(frozen=True)
@@ -45,11 +47,29 @@ class RouterConfig:
     flower_kwargsrepr: bool = True
     #: Port on which each worker serves Prometheus metrics (needs the ``metrics`` extra).
     metrics_port: int | None = None
+    #: Seconds between a publisher's checks that every worker consuming its queues can
+    #: see every priority it sends (0 turns the check off).
+    consumer_check_interval: float = 60.0
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
         set_(self, "redis_url", _check_redis_url(self.redis_url))
         set_(self, "reset_interval", _positive("reset_interval", self.reset_interval))
+        if self.reset_interval < MIN_RESET_INTERVAL:
+            raise ConfigurationError(
+                "reset_interval",
+                f"{self.reset_interval!r} s is under {MIN_RESET_INTERVAL:g} s (Redis keeps TTLs in whole "
+                "milliseconds and a count that resets within a second measures nothing)",
+                "use seconds >= 1; the specified default is 1500",
+            )
+        interval = self.consumer_check_interval
+        if isinstance(interval, bool) or not isinstance(interval, int | float) or not interval >= 0:
+            raise ConfigurationError(
+                "consumer_check_interval",
+                f"{interval!r} is not a number of seconds >= 0",
+                "use seconds between checks (60 by default), or 0 to turn the check off",
+            )
+        set_(self, "consumer_check_interval", float(interval))
         set_(self, "connect_timeout", _positive("connect_timeout", self.connect_timeout))
         set_(self, "socket_timeout", _positive("socket_timeout", self.socket_timeout))
         set_(self, "cooldown", _positive("cooldown", self.cooldown))
@@ -110,7 +130,7 @@ _INT_HINTS = {"default_priority": "set it to 1..9", "metrics_port": "set it to a
 
 def _parse_env(name: str, raw: str) -> Any:
     env = ENV_PREFIX + name.upper()
-    if name in ("reset_interval", "connect_timeout", "socket_timeout", "cooldown"):
+    if name in ("reset_interval", "connect_timeout", "socket_timeout", "cooldown", "consumer_check_interval"):
         try:
             return float(raw)
         except ValueError:
@@ -161,8 +181,10 @@ def _tasks(value: object) -> tuple[str, ...] | None:
     if value is None:
         return None
     if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, Iterable) or not all(isinstance(t, str) and t for t in value):
+        value = [value]  # one name or glob, not a sequence of one-letter patterns
+    if isinstance(value, Iterable):
+        value = list(value)
+    if not isinstance(value, list) or not all(isinstance(t, str) and t for t in value):
         raise ConfigurationError(
             "tasks", f"{value!r} is not a list of task names", "pass names or globs, e.g. ['docs.*']"
         )

@@ -15,7 +15,7 @@ turn into a fail-open publish, not a blocked one.
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis
 from redis.sentinel import Sentinel
@@ -47,14 +47,42 @@ def check_url(url: object) -> str:
         if scheme in SENTINEL_SCHEMES:
             _sentinel_parts(url)
         else:
-            from redis.connection import parse_url
-
-            parse_url(url)  # type: ignore[no-untyped-call]
+            _check_direct(url, scheme)
     except (ValueError, TypeError) as exc:
         raise ConfigurationError(
-            "redis_url", f"{redact_url(url)} cannot be parsed ({exc})", "use redis://host:port/db"
+            "redis_url",
+            f"{redact_url(url)} cannot be used ({exc})",
+            "use redis://host:port/db with a numeric port and database number, e.g. redis://localhost:6379/0",
         ) from None
     return url
+
+
+def _check_direct(url: str, scheme: str) -> None:
+    # redis-py's parse_url ignores a database it cannot read (``/notadb`` becomes 0
+    # silently), so every part is checked here.
+    from redis.connection import parse_url
+
+    parse_url(url)  # type: ignore[no-untyped-call]
+    parts = urlsplit(url)
+    _ = parts.port  # raises ValueError for a port that is not a number or out of range
+    query_db = parse_qs(parts.query).get("db")
+    if query_db is not None:
+        _database(query_db[0])
+    if scheme == "unix":
+        if not parts.path:
+            raise ValueError("a unix:// URL needs the socket's path, e.g. unix:///run/redis.sock?db=0")
+        return
+    if not parts.hostname:
+        raise ValueError("the URL names no host")
+    path = parts.path.strip("/")
+    if path:
+        _database(path)
+
+
+def _database(text: str) -> int:
+    if not text.isdigit():
+        raise ValueError(f"database {text!r} is not a whole number")
+    return int(text)
 
 
 def make_client(url: str, connect_timeout: float, socket_timeout: float) -> redis.Redis:
@@ -90,7 +118,7 @@ def _sentinel_parts(url: str) -> tuple[list[tuple[str, int]], str, int, str | No
     segments = [s for s in parts.path.split("/") if s]
     if not segments:
         raise ValueError("the path must name the Sentinel service, e.g. /mymaster/0")
-    db = int(segments[1]) if len(segments) > 1 else 0
+    db = _database(segments[1]) if len(segments) > 1 else 0
     username = unquote(parts.username) if parts.username else None
     password = unquote(parts.password) if parts.password else None
     return hosts, unquote(segments[0]), db, username, password, parts.scheme.lower().startswith("rediss")

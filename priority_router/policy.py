@@ -50,6 +50,13 @@ class Policy:
                     f"limit {row.below!r} is not an integer",
                     "use whole numbers of pending documents, e.g. (-20, 9)",
                 )
+            if row.below > 0:
+                raise ConfigurationError(
+                    "thresholds",
+                    f"limit {row.below!r} is above 0, but pending is 0 or negative, so the row "
+                    "matches every client",
+                    "use limits of 0 or below, e.g. (-20, 9): pending goes down by one per document",
+                )
         limits = [row.below for row in rows]
         if any(a >= b for a, b in pairwise(limits)):
             raise ConfigurationError(

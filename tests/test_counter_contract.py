@@ -13,6 +13,7 @@ import pytest
 import redis
 
 from priority_router import DOCBITS_THRESHOLDS, CounterUnavailable, PriorityRouter
+from priority_router.counter import Counter
 
 
 @pytest.fixture(params=["fakeredis", pytest.param("redis", marks=pytest.mark.integration)])
@@ -44,29 +45,39 @@ def test_clients_are_independent(client: redis.Redis, key_prefix: str) -> None:
     assert router.peek("heavy").pending == -9
 
 
+# The reset's timing is the counter's: sub-second intervals (refused by the router's
+# configuration) keep these tests fast.
+
+
 def test_reset_after_more_than_interval_idle(client: redis.Redis, key_prefix: str) -> None:
-    router = make(client, key_prefix, interval=0.3)
-    router.record("acme")
-    router.record("acme")
+    counter = Counter(client, key_prefix, reset_interval=0.3)
+    counter.check("acme")
+    counter.check("acme")
     time.sleep(0.45)
-    assert router.record("acme").pending == 0
+    assert counter.check("acme") == 0
 
 
 def test_each_check_rearms_the_reset(client: redis.Redis, key_prefix: str) -> None:
     # The interval counts from the last update, not from the first document.
-    router = make(client, key_prefix, interval=0.4)
-    router.record("acme")
+    counter = Counter(client, key_prefix, reset_interval=0.4)
+    counter.check("acme")
     for expected in (-1, -2, -3):
         time.sleep(0.2)
-        assert router.record("acme").pending == expected
+        assert counter.check("acme") == expected
 
 
 def test_idle_clients_keys_expire(client: redis.Redis, key_prefix: str) -> None:
-    router = make(client, key_prefix, interval=0.2)
-    router.record("gone")
-    assert 0 < client.pttl(router.counter.key("gone")) <= 200
+    counter = Counter(client, key_prefix, reset_interval=0.2)
+    counter.check("gone")
+    assert 0 < client.pttl(counter.key("gone")) <= 200
     time.sleep(0.35)
-    assert client.exists(router.counter.key("gone")) == 0
+    assert client.exists(counter.key("gone")) == 0
+
+
+def test_router_reset_interval_is_the_keys_ttl(client: redis.Redis, key_prefix: str) -> None:
+    router = make(client, key_prefix, interval=2)
+    router.record("acme")
+    assert 1500 < client.pttl(router.counter.key("acme")) <= 2000
 
 
 def test_peek_does_not_count(client: redis.Redis, key_prefix: str) -> None:
