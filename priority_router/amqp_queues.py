@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable
 from typing import Any
 
 from celery import Celery
@@ -35,12 +34,39 @@ class QueueNotPriorityError(ConfigurationError):
         self.queue = queue
 
 
-def make_priority_queues(app: Celery) -> None:
-    """Give every queue the app declares ``x-max-priority`` unless the user set one."""
-    queues = app.amqp.queues
-    if queues.max_priority is None:
-        queues.max_priority = AMQP_MAX_PRIORITY  # for queues created later by name
-    for queue in queues.values():
+def is_quorum(queue: Any) -> bool:
+    return (getattr(queue, "queue_arguments", None) or {}).get("x-queue-type") == "quorum"
+
+
+def uses_quorum_queues(app: Celery) -> bool:
+    """Whether any queue the app declares, or creates on demand, is a quorum queue."""
+    conf = app.conf
+    if "quorum" in (conf.get("task_default_queue_type"), conf.get("task_create_missing_queue_type")):
+        return True
+    declared = conf.task_queues or ()
+    built = app.amqp.__dict__.get("queues")
+    return any(is_quorum(q) for q in (*declared, *(built.values() if built else ())))
+
+
+def prepare_priority_queues(app: Celery) -> list[str]:
+    """Give the app's classic queues ``x-max-priority`` unless the user set one.
+
+    Quorum queues are left alone: RabbitMQ refuses ``x-max-priority`` on them.  Works
+    before and after Celery built ``app.amqp.queues``.  Returns the quorum queues' names.
+    """
+    quorum = uses_quorum_queues(app)
+    if not quorum and app.conf.task_queue_max_priority is None:
+        # Celery adds it to every queue it builds, also those it creates later by name.
+        app.conf.task_queue_max_priority = AMQP_MAX_PRIORITY
+    built = app.amqp.__dict__.get("queues")
+    queues = list(built.values()) if built is not None else list(app.conf.task_queues or ())
+    if built is not None and not quorum and built.max_priority is None:
+        built.max_priority = AMQP_MAX_PRIORITY
+    quorum_names = []
+    for queue in queues:
+        if is_quorum(queue):
+            quorum_names.append(queue.name)
+            continue
         args = dict(queue.queue_arguments or {})
         if "x-max-priority" not in args:
             args["x-max-priority"] = AMQP_MAX_PRIORITY
@@ -53,18 +79,48 @@ def make_priority_queues(app: Celery) -> None:
                 args["x-max-priority"],
                 AMQP_MAX_PRIORITY,
             )
-        if (queue.queue_arguments or {}).get("x-queue-type") == "quorum":
-            warn_quorum(queue.name)
+    if quorum and app.conf.get("task_default_queue_type") == "quorum" and built is None:
+        quorum_names.append(app.conf.task_default_queue)
+    return sorted(set(quorum_names))
 
 
-def warn_quorum(name: str) -> None:
-    logger.warning(
-        "queue %r is a quorum queue: RabbitMQ quorum queues know only two priorities "
-        "(0-4 normal, 5+ high) and serve high to normal about 2:1 rather than strictly, so "
-        "logical priorities 1-5 share one level and 6-9 another; use a classic queue for "
-        "full priority ordering",
-        name,
-    )
+#: What quorum queues do with message priorities, by RabbitMQ version.
+QUORUM_PRIORITIES = (
+    "RabbitMQ quorum queues honour priorities from 4.0 on: 4.0-4.2 know two levels (wire "
+    "values above 4 are high, so logical priorities 1-5 go before 6-9, about 2:1 rather than "
+    "strictly); 4.3 and later serve levels 0-31 strictly, so all nine levels take effect. "
+    "Before 4.0 quorum queues ignore priorities"
+)
+
+
+def quorum_note(version: tuple[int, ...] | None) -> tuple[bool, str]:
+    """(priorities work at all, what the user gets) for quorum queues on ``version``."""
+    if version is None:
+        return True, QUORUM_PRIORITIES
+    shown = ".".join(map(str, version))
+    if version < (4, 0):
+        return False, (
+            f"RabbitMQ {shown} serves quorum queues in arrival order: they have no priorities "
+            "before RabbitMQ 4.0, so the router's priorities take no effect there"
+        )
+    if version < (4, 3):
+        return True, (
+            f"RabbitMQ {shown}: quorum queues know two priority levels; logical priorities 1-5 "
+            "are served before 6-9 (about 2:1, not strictly)"
+        )
+    return True, f"RabbitMQ {shown}: quorum queues serve all nine levels strictly"
+
+
+def server_version(conn: Any) -> tuple[int, ...] | None:
+    """The RabbitMQ version an open kombu connection reports, if it does."""
+    props = getattr(getattr(conn, "connection", None), "server_properties", None) or {}
+    raw = props.get("version")
+    if isinstance(raw, bytes):
+        raw = raw.decode(errors="replace")
+    if not isinstance(raw, str):
+        return None
+    digits = re.findall(r"\d+", raw)[:3]
+    return tuple(int(d) for d in digits) or None
 
 
 _INEQUIVALENT = re.compile(r"inequivalent arg 'x-max-priority' for queue '(?P<queue>.*?)' in vhost")
@@ -129,18 +185,31 @@ def verify_priority_queues(app: Celery, create: bool = True) -> list[str]:
     return checked
 
 
-def stop_worker_on_fifo_queue(app: Celery) -> Callable[..., None]:
-    """A ``worker_init`` receiver that refuses to start ``app``'s worker on a queue
-    RabbitMQ would serve in arrival order."""
+def rabbitmq_version(app: Celery) -> tuple[int, ...] | None:
+    """The version of the RabbitMQ the app writes to (connects once)."""
+    with app.connection_for_write() as conn:
+        conn.connect()
+        return server_version(conn)
 
-    def on_worker_init(sender: Any = None, **_: Any) -> None:
-        if getattr(sender, "app", None) is not app:
-            return
-        try:
-            verify_priority_queues(app)
-        except QueueNotPriorityError as exc:
-            logger.critical("priority-router: %s", exc)
-            # Signal receivers' exceptions are only logged by Celery; SystemExit is not.
-            raise SystemExit(f"priority-router: {exc}") from None
 
-    return on_worker_init
+def check_worker_queues(app: Celery, quorum: list[str]) -> None:
+    """At worker start: refuse a queue RabbitMQ would serve in arrival order, and say
+    what quorum queues do with priorities on this server."""
+    try:
+        verify_priority_queues(app)
+    except QueueNotPriorityError as exc:
+        logger.critical("priority-router: %s", exc)
+        # Signal receivers' exceptions are only logged by Celery; SystemExit is not.
+        raise SystemExit(f"priority-router: {exc}") from None
+    if not quorum:
+        return
+    honoured, note = quorum_note(rabbitmq_version(app))
+    if honoured:
+        logger.warning("priority-router: queues %s are quorum queues. %s", ", ".join(quorum), note)
+    else:
+        logger.warning(
+            "priority-router: queues %s are quorum queues and %s. Fix: upgrade to RabbitMQ 4.0 or "
+            "later, or use classic queues (task_default_queue_type='classic')",
+            ", ".join(quorum),
+            note,
+        )

@@ -32,42 +32,52 @@ COSTS = {
 
 
 def is_explicit(app: Celery, key: str) -> bool:
-    """Whether ``key`` was set by the user rather than left at Celery's default."""
-    maps = getattr(app.conf, "maps", None)
-    if not maps:
-        return key in app.conf
-    return any(key in m for m in maps[:-1])
+    """Whether ``key`` was set by the user rather than left at Celery's default.
 
-
-def apply_priority_settings(app: Celery, transport: Transport) -> None:
-    """Merge the priority-related settings into ``app.conf``."""
+    Celery's settings are a chain of maps ending with its defaults; a namespaced
+    configuration (``CELERY_WORKER_PREFETCH_MULTIPLIER``) stores the key under its
+    prefixed name, which ``_to_keys`` lists.
+    """
     conf = app.conf
-    _prefer(app, "worker_prefetch_multiplier", 1)
-    _prefer(app, "task_acks_late", True)
+    maps = getattr(conf, "maps", None)
+    if not maps:
+        return key in conf
+    to_keys = getattr(conf, "_to_keys", None)
+    names = tuple(to_keys(key)) if callable(to_keys) else (key,)
+    return any(name in m for m in maps[:-1] for name in names)
+
+
+def apply_priority_settings(app: Celery, transport: Transport, warned: set[str]) -> None:
+    """Merge the priority-related settings into ``app.conf`` (idempotent).
+
+    A warning about a setting the user chose is logged once per setting in ``warned``.
+    """
+    conf = app.conf
+    _prefer(app, "worker_prefetch_multiplier", 1, warned)
+    _prefer(app, "task_acks_late", True, warned)
     if transport is Transport.REDIS:
         options: dict[str, Any] = dict(conf.broker_transport_options or {})
-        _prefer_option(options, "priority_steps", REDIS_PRIORITY_STEPS)
-        _prefer_option(options, "queue_order_strategy", "priority")
-        conf.broker_transport_options = options
+        _prefer_option(options, "priority_steps", REDIS_PRIORITY_STEPS, warned)
+        _prefer_option(options, "queue_order_strategy", "priority", warned)
+        if options != (conf.broker_transport_options or {}):
+            conf.broker_transport_options = options
     elif transport is Transport.AMQP:
         current = conf.task_queue_max_priority
-        if current is None:
-            conf.task_queue_max_priority = AMQP_MAX_PRIORITY
-        elif current < AMQP_MAX_PRIORITY:
-            _warn_kept("task_queue_max_priority", current, AMQP_MAX_PRIORITY)
+        if current is not None and current < AMQP_MAX_PRIORITY:
+            _warn_kept("task_queue_max_priority", current, AMQP_MAX_PRIORITY, warned)
 
 
-def _prefer(app: Celery, key: str, wanted: object) -> None:
+def _prefer(app: Celery, key: str, wanted: object, warned: set[str]) -> None:
     current = app.conf.get(key)
     if current == wanted:
         return
     if is_explicit(app, key):
-        _warn_kept(key, current, wanted)
+        _warn_kept(key, current, wanted, warned)
         return
     app.conf[key] = wanted
 
 
-def _prefer_option(options: dict[str, Any], key: str, wanted: object) -> None:
+def _prefer_option(options: dict[str, Any], key: str, wanted: object, warned: set[str]) -> None:
     if key not in options:
         options[key] = wanted
         return
@@ -75,10 +85,13 @@ def _prefer_option(options: dict[str, Any], key: str, wanted: object) -> None:
     if isinstance(wanted, list) and isinstance(current, list | tuple):
         current = list(current)
     if current != wanted:
-        _warn_kept(f"broker_transport_options[{key!r}]", options[key], wanted)
+        _warn_kept(f"broker_transport_options[{key!r}]", options[key], wanted, warned)
 
 
-def _warn_kept(setting: str, current: object, wanted: object) -> None:
+def _warn_kept(setting: str, current: object, wanted: object, warned: set[str]) -> None:
+    if setting in warned:
+        return
+    warned.add(setting)
     base = setting.split("[")[-1].strip("'\"]") if "[" in setting else setting
     logger.warning(
         "priority-router keeps your %s=%r (it would set %r): %s",

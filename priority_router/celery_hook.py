@@ -1,99 +1,81 @@
 """The ``before_task_publish`` receiver that stamps each document with its priority.
 
-``before_task_publish`` is process-wide and does not say which Celery app is
-publishing, so :func:`mark_publishes` wraps one app's task sender to record it in a
-context variable; the receiver acts only on publishes of the app it was installed on.
+The rule, in order:
+
+1. A task that is not counted (``tasks`` patterns) keeps what Celery gives it.
+2. A retry keeps the priority it had and is not counted again.
+3. A priority the caller chose (``apply_async(priority=...)``, the task's declared
+   ``priority``, a route's) reaches the broker unchanged; the document is still counted,
+   and ``priority_router_reason`` says ``explicit``.  The app-wide
+   ``task_default_priority`` is not a choice: counted documents get the router's priority.
+4. A task published from a running task of the same client (or without a client of its
+   own) inherits the parent's priority and is not counted again.
+5. Otherwise the client's document is counted and priced; without a client id it gets
+   the app's ``task_default_priority`` if set, else the router's ``default_priority``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import fnmatch
-import functools
 import logging
 import time
-from collections.abc import Callable, Iterator
-from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from celery import Celery
 
 from . import headers as H
-from .amqp_queues import demote_to_fifo, fifo_queue_in
 from .decision import Decision, Reason
 from .flower_repr import annotate_kwargsrepr
 from .keys import normalize_client_id
-from .wire import Transport, to_wire
+from .sender import publishing_app, republishing
+from .wire import Transport, logical_from_wire, to_wire
 
 if TYPE_CHECKING:
     from .router import PriorityRouter
 
 logger = logging.getLogger("priority_router")
 
-_publishing_app: ContextVar[Celery | None] = ContextVar("priority_router_app", default=None)
-#: Set while a message already stamped is sent again (it must not be counted twice).
-_republishing: ContextVar[bool] = ContextVar("priority_router_republishing", default=False)
-_MARK = "__priority_router_marked__"
 #: Longest client id copied into the message headers.
 MAX_HEADER_ID = 1024
 
 
-def mark_publishes(app: Celery) -> None:
-    """Make ``app``'s task publishes identifiable to the receiver (idempotent)."""
-    amqp = app.amqp
-    send = amqp.send_task_message
-    if getattr(send, _MARK, False):
-        return
-
-    @functools.wraps(send)
-    def send_task_message(*args: Any, **kwargs: Any) -> Any:
-        token = _publishing_app.set(app)
-        try:
-            return send(*args, **kwargs)
-        except Exception as exc:
-            queue = fifo_queue_in(exc)
-            if queue is None:
-                raise
-            # The queue predates the router: publish into it as it is rather than fail.
-            demote_to_fifo(app, queue)
-            producer = args[0] if args else kwargs["producer"]
-            producer.revive(producer.connection.channel())
-            again = _republishing.set(True)
-            try:
-                return send(*args, **kwargs)
-            finally:
-                _republishing.reset(again)
-        finally:
-            _publishing_app.reset(token)
-
-    setattr(send_task_message, _MARK, True)
-    amqp.send_task_message = send_task_message
-
-
-@contextlib.contextmanager
-def publishing_as(app: Celery) -> Iterator[None]:
-    """Run a block as if ``app`` were publishing (for calling the receiver directly)."""
-    token = _publishing_app.set(app)
-    try:
-        yield
-    finally:
-        _publishing_app.reset(token)
-
-
 class PublishReceiver:
-    """Routes one app's publishes; connected to ``before_task_publish`` by ``install``."""
+    """Routes one app's publishes; created by ``install`` and called for each publish."""
 
-    def __init__(self, router: PriorityRouter, app: Celery, transport: Transport) -> None:
+    def __init__(
+        self,
+        router: PriorityRouter,
+        app: Celery,
+        settle: Callable[[Celery, PublishReceiver], Transport | None],
+    ) -> None:
         self.router = router
-        self.app = app
-        self.transport = transport
+        self._app = weakref.ref(app)
+        self._settle = settle
         cfg = router.config
         self._patterns = cfg.tasks
         self._header = cfg.client_id_header
         self._kwarg = cfg.client_id_kwarg
         self._getter = cfg.client_id_getter
         self._annotate = cfg.flower_kwargsrepr
+        self._default_priority = cfg.default_priority
+        #: Set by ``settle`` once the app's final configuration is known.
+        self.transport: Transport | None = None
+        #: The app's ``task_default_priority`` (a wire value), if it sets one.
+        self.default_wire: int | None = None
+        #: Why this app's publishes cannot be routed (logged once), if they cannot.
+        self.unroutable: str | None = None
+        #: True inside a worker process (set at worker start).
+        self.in_worker = False
+        #: Queues (routing keys) this process published documents to.
+        self.queues_seen: set[str] = set()
         self.on_decision: Callable[[Decision], None] | None = None
+        self.on_publish: Callable[[], None] | None = None
+
+    @property
+    def app(self) -> Celery | None:
+        return self._app()
 
     def __call__(
         self,
@@ -101,28 +83,68 @@ class PublishReceiver:
         body: Any = None,
         headers: dict[str, Any] | None = None,
         properties: dict[str, Any] | None = None,
+        routing_key: str | None = None,
         **_: Any,
     ) -> None:
-        if _publishing_app.get() is not self.app or headers is None or properties is None:
+        app = publishing_app.get()
+        if app is None or app is not self._app() or headers is None or properties is None:
             return
-        if _republishing.get():
+        if republishing.get():
             return
+        transport = self.transport
+        if transport is None:
+            if self.unroutable is not None:
+                return
+            transport = self._settle(app, self)
+            if transport is None:
+                return
         try:
-            decision = self.decide(sender or "", body, headers)
+            decision = self.decide(sender or "", body, headers, properties, transport)
         except Exception:
             logger.exception("priority-router could not route %s; using the default priority", sender)
-            decision = Decision(None, None, self.router.config.default_priority, Reason.FAIL_OPEN)
+            decision = Decision(None, None, self._default_priority, Reason.FAIL_OPEN)
         try:
-            self._stamp(decision, headers, properties)
+            self._stamp(decision, headers, properties, transport)
         except Exception:
             logger.exception("priority-router could not stamp %s", sender)
-            properties["priority"] = to_wire(self.router.config.default_priority, self.transport)
+            properties.setdefault("priority", to_wire(self._default_priority, transport))
+        if isinstance(routing_key, str):
+            self.queues_seen.add(routing_key)
+        if self.on_publish is not None:
+            self.on_publish()
 
-    def decide(self, task_name: str, body: Any, headers: dict[str, Any]) -> Decision:
-        default = self.router.config.default_priority
+    def decide(
+        self,
+        task_name: str,
+        body: Any,
+        headers: dict[str, Any],
+        properties: dict[str, Any],
+        transport: Transport,
+    ) -> Decision:
         if not self._counts(task_name):
-            return Decision(None, None, default, Reason.NOT_COUNTED)
+            return Decision(None, None, self._default_priority, Reason.NOT_COUNTED)
+        chosen = self._chosen_wire(properties)
+        decision = self._count_or_inherit(task_name, body, headers)
+        if chosen is None:
+            return decision
+        priority = logical_from_wire(chosen, transport)
+        if decision.reason is Reason.INHERITED:
+            return Decision(decision.client_id, decision.pending, priority, Reason.INHERITED)
+        return Decision(decision.client_id, decision.pending, priority, Reason.EXPLICIT)
+
+    def _chosen_wire(self, properties: dict[str, Any]) -> int | None:
+        """The priority the caller put on the message, or None (the app default is no choice)."""
+        wire = properties.get("priority")
+        if isinstance(wire, bool) or not isinstance(wire, int) or wire == self.default_wire:
+            return None
+        return wire
+
+    def _count_or_inherit(self, task_name: str, body: Any, headers: dict[str, Any]) -> Decision:
         client = self._client_id(task_name, body, headers)
+        if headers.get("retries") and H.PRIORITY in headers:
+            inherited = _inherited_from_headers(headers, self._header)
+            if inherited is not None:
+                return inherited
         parent = self._parent_decision()
         if parent is not None and (client is None or client == parent.client_id):
             return parent
@@ -130,16 +152,33 @@ class PublishReceiver:
             inherited = _inherited_from_headers(headers, self._header)
             if inherited is not None:
                 return inherited
-            return Decision(None, None, default, Reason.NO_CLIENT)
-        if headers.get("retries") and H.PRIORITY in headers:
-            return _inherited_from_headers(headers, self._header) or self.router.decide(client)
+            return Decision(None, None, self._default_priority, Reason.NO_CLIENT)
         return self.router.decide(client)
 
-    def _stamp(self, decision: Decision, headers: dict[str, Any], properties: dict[str, Any]) -> None:
+    def _stamp(
+        self,
+        decision: Decision,
+        headers: dict[str, Any],
+        properties: dict[str, Any],
+        transport: Transport,
+    ) -> None:
+        if transport is Transport.AMQP and headers.get("expires") is not None:
+            # Celery also sends ``expires`` as the message's AMQP TTL.  With prefetch 1 the
+            # message waits in RabbitMQ, which drops it unseen and leaves its result PENDING
+            # forever; without the TTL the worker receives it and revokes it, as on Redis.
+            properties.pop("expiration", None)
+        headers[H.REASON] = decision.reason.value
         if decision.reason is Reason.NOT_COUNTED:
             if properties.get("priority") is None:
-                properties["priority"] = to_wire(decision.priority, self.transport)
+                properties["priority"] = to_wire(decision.priority, transport)
             return
+        kept = properties.get("priority")
+        if decision.reason in (Reason.EXPLICIT, Reason.INHERITED) and kept is not None:
+            pass  # the priority already on the message goes out unchanged
+        elif decision.reason is Reason.NO_CLIENT and isinstance(kept, int) and kept == self.default_wire:
+            decision = Decision(None, None, logical_from_wire(kept, transport), Reason.NO_CLIENT)
+        else:
+            properties["priority"] = to_wire(decision.priority, transport)
         client = decision.client_id
         if client is not None and len(client) <= MAX_HEADER_ID:
             # AMQP puts all headers in one frame (128 KiB by default); RabbitMQ drops a
@@ -147,9 +186,7 @@ class PublishReceiver:
             headers[self._header] = client
         headers[H.PRIORITY] = decision.priority
         headers[H.PENDING] = decision.pending
-        headers[H.REASON] = decision.reason.value
         headers[H.PUBLISHED_AT] = time.time()
-        properties["priority"] = to_wire(decision.priority, self.transport)
         if self._annotate and isinstance(headers.get("kwargsrepr"), str):
             headers["kwargsrepr"] = annotate_kwargsrepr(headers["kwargsrepr"], decision)
         if self.on_decision is not None:
@@ -175,26 +212,35 @@ class PublishReceiver:
             return None
 
     def _parent_decision(self) -> Decision | None:
-        parent = self.app.current_worker_task
+        app = self._app()
+        parent = app.current_worker_task if app is not None else None
         if parent is None:
             return None
         request = parent.request
         priority = getattr(request, H.PRIORITY, None)
-        if not isinstance(priority, int):
+        if not _is_logical(priority):
             return None
         client = normalize_client_id(getattr(request, self._header, None))
         pending = getattr(request, H.PENDING, None)
-        return Decision(client, pending if isinstance(pending, int) else None, priority, Reason.INHERITED)
+        return Decision(client, pending if _is_count(pending) else None, priority, Reason.INHERITED)
+
+
+def _is_logical(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 9
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _inherited_from_headers(headers: dict[str, Any], client_header: str) -> Decision | None:
     priority = headers.get(H.PRIORITY)
-    if not isinstance(priority, int) or isinstance(priority, bool) or not 1 <= priority <= 9:
+    if not _is_logical(priority):
         return None
     pending = headers.get(H.PENDING)
     return Decision(
         normalize_client_id(headers.get(client_header)),
-        pending if isinstance(pending, int) else None,
+        pending if _is_count(pending) else None,
         priority,
         Reason.INHERITED,
     )

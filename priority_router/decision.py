@@ -8,6 +8,8 @@ from enum import Enum
 
 class Reason(str, Enum):
     COUNTED = "counted"
+    #: The caller set ``priority=`` (per call, on the task, or by a route): kept as given.
+    EXPLICIT = "explicit"
     INHERITED = "inherited"
     NO_CLIENT = "no-client"
     NOT_COUNTED = "not-counted"

@@ -3,25 +3,23 @@
 from __future__ import annotations
 
 import logging
-import threading
 import time
-import weakref
 from collections.abc import Mapping
 from typing import Any
 
 import redis
 from celery import Celery
-from celery.signals import before_task_publish, worker_init
 
-from .amqp_queues import make_priority_queues, stop_worker_on_fifo_queue
-from .app_settings import apply_priority_settings
 from .breaker import CircuitBreaker
-from .celery_hook import PublishReceiver, mark_publishes
+from .celery_hook import PublishReceiver
 from .config import ClientIdGetter, RouterConfig
 from .connection import make_client
 from .counter import Counter
 from .decision import Decision, Reason
 from .errors import ConfigurationError, CounterUnavailable
+from .install import install as install_router
+from .install import receiver_of
+from .install import uninstall as uninstall_router
 from .keys import normalize_client_id
 from .metrics import get_metrics, serve
 from .policy import DOCBITS_THRESHOLDS, Policy
@@ -30,9 +28,6 @@ from .wire import Transport
 from .worker_side import unwatch, watch_queue_wait
 
 logger = logging.getLogger("priority_router")
-
-_installed: weakref.WeakKeyDictionary[Celery, PublishReceiver] = weakref.WeakKeyDictionary()
-_install_lock = threading.Lock()
 
 
 class PriorityRouter:
@@ -55,13 +50,14 @@ class PriorityRouter:
         client_id_header: str = "client_id",
         client_id_kwarg: str = "client_id",
         client_id_getter: ClientIdGetter | None = None,
-        tasks: list[str] | tuple[str, ...] | None = None,
+        tasks: str | list[str] | tuple[str, ...] | None = None,
         *,
         connect_timeout: float = 0.05,
         socket_timeout: float = 0.05,
         cooldown: float = 5.0,
         flower_kwargsrepr: bool = True,
         metrics_port: int | None = None,
+        consumer_check_interval: float = 60.0,
         redis_client: redis.Redis | None = None,
     ) -> None:
         config = RouterConfig(
@@ -73,12 +69,13 @@ class PriorityRouter:
             client_id_header=client_id_header,
             client_id_kwarg=client_id_kwarg,
             client_id_getter=client_id_getter,
-            tasks=tuple(tasks) if tasks is not None else None,
+            tasks=(tasks,) if isinstance(tasks, str) else None if tasks is None else tuple(tasks),
             connect_timeout=connect_timeout,
             socket_timeout=socket_timeout,
             cooldown=cooldown,
             flower_kwargsrepr=flower_kwargsrepr,
             metrics_port=metrics_port,
+            consumer_check_interval=consumer_check_interval,
         )
         self._setup(config, redis_client)
 
@@ -174,56 +171,30 @@ class PriorityRouter:
     def install(self, app: Celery) -> PublishReceiver:
         """Route ``app``'s task publishes and apply the settings priorities need.
 
-        Call it after the app is configured.  Installing the same router twice is a
-        no-op; other Celery apps in the process are left untouched.
+        Call it before or after the app is configured (``config_from_object``,
+        ``conf.update``, Django settings): the settings, the broker and the queues follow
+        the configuration the app finally has.  Install it in the publishers' app and in
+        the workers' app.  Installing the same router twice is a no-op; other Celery apps
+        in the process are left untouched.
         """
-        transport = transport_of(app)
-        with _install_lock:
-            existing = _installed.get(app)
-            if existing is not None:
-                if existing.router is self:
-                    return existing
-                raise ConfigurationError(
-                    "install",
-                    f"{app!r} already has another PriorityRouter installed",
-                    "install one router per app, or call uninstall(app) on the other first",
-                )
-            apply_priority_settings(app, transport)
-            if transport is Transport.AMQP:
-                make_priority_queues(app)
-                worker_init.connect(stop_worker_on_fifo_queue(app), weak=False, dispatch_uid=_uid(app))
-            mark_publishes(app)
-            receiver = PublishReceiver(self, app, transport)
-            before_task_publish.connect(receiver, weak=False, dispatch_uid=_uid(app))
-            if self._metrics is not None:
-                receiver.on_decision = self._metrics.record_decision
-                watch_queue_wait(app, self._metrics, self.config.metrics_port)
-            elif self.config.metrics_port is not None:
-                serve(self.config.metrics_port)  # raises: the extra is missing
-            _installed[app] = receiver
-        if transport is Transport.MEMORY:
-            logger.warning("the memory:// broker has no priorities; documents are counted but run in order")
+        receiver = install_router(self, app)
+        if self._metrics is not None:
+            receiver.on_decision = self._metrics.record_decision
+            watch_queue_wait(app, self._metrics, self.config.metrics_port)
+        elif self.config.metrics_port is not None:
+            serve(self.config.metrics_port)  # raises: the extra is missing
         return receiver
 
     def uninstall(self, app: Celery) -> None:
         """Stop routing ``app``'s publishes (settings already applied stay)."""
-        with _install_lock:
-            receiver = _installed.get(app)
-            if receiver is None or receiver.router is not self:
-                return
-            before_task_publish.disconnect(receiver, dispatch_uid=_uid(app))
+        if uninstall_router(self, app):
             unwatch(app)
-            del _installed[app]
 
 
 def installed_router(app: Celery) -> PriorityRouter | None:
     """The router installed on ``app``, if any."""
-    receiver = _installed.get(app)
+    receiver = receiver_of(app)
     return receiver.router if receiver is not None else None
-
-
-def _uid(app: Celery) -> str:
-    return f"priority_router:{id(app)}"
 
 
 def transport_of(app: Celery) -> Transport:

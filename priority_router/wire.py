@@ -51,3 +51,9 @@ def from_wire(wire: int, transport: Transport) -> int:
     if transport is Transport.AMQP:
         return AMQP_MAX_PRIORITY - wire
     return wire
+
+
+def logical_from_wire(wire: int, transport: Transport) -> int:
+    """The logical priority a wire value stands for, clamped to 1..9 (a caller's own
+    ``priority=`` may lie outside the router's range, e.g. 0 on Redis or 255 on RabbitMQ)."""
+    return min(LEAST_URGENT, max(MOST_URGENT, from_wire(wire, transport)))

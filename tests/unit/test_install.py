@@ -5,17 +5,13 @@ import logging
 import fakeredis
 import pytest
 from celery import Celery
-from celery.signals import before_task_publish
 
-from priority_router import ConfigurationError, PriorityRouter
+from priority_router import ConfigurationError, PriorityRouter, Transport
+from priority_router.router import installed_router
 
 
 def router() -> PriorityRouter:
     return PriorityRouter(redis_client=fakeredis.FakeRedis())
-
-
-def receivers_of(app: Celery) -> int:
-    return sum(1 for key, _ in before_task_publish.receivers if key[0] == f"priority_router:{id(app)}")
 
 
 def test_install_sets_what_redis_priorities_need() -> None:
@@ -67,16 +63,22 @@ def test_amqp_app_gets_priority_queues() -> None:
     )
 
 
-def test_install_is_idempotent() -> None:
+def test_install_is_idempotent_and_uninstall_restores_plain_celery() -> None:
     app = Celery("a", broker="redis://127.0.0.1:1/0", set_as_current=False)
+    plain_builder = app.amqp._create_task_sender
     r = router()
     first = r.install(app)
     assert r.install(app) is first
-    assert receivers_of(app) == 1
+    assert installed_router(app) is r
     assert f"priority_router:wait:{id(app)}" in prerun_uids()
+    sender = app.amqp.send_task_message
+    assert sender.__wrapped__ is not None
     r.uninstall(app)
-    assert receivers_of(app) == 0
+    assert installed_router(app) is None
     assert f"priority_router:wait:{id(app)}" not in prerun_uids()
+    assert not hasattr(app.amqp.send_task_message, "__wrapped__")
+    assert app.amqp._create_task_sender == plain_builder
+    assert app.on_after_configure.receivers == []
 
 
 def prerun_uids() -> set[str]:
@@ -94,18 +96,97 @@ def test_second_router_on_same_app_is_refused() -> None:
     r.uninstall(app)
 
 
-def test_unsupported_broker_is_refused_at_install() -> None:
+def test_unsupported_broker_is_refused_at_install_when_known() -> None:
     app = Celery("a", broker="filesystem://", set_as_current=False)
+    assert app.conf.broker_url  # configured before install
     with pytest.raises(ConfigurationError, match="broker_url"):
         router().install(app)
+    assert installed_router(app) is None
 
 
-def test_quorum_queue_warns_what_the_user_gets(caplog: pytest.LogCaptureFixture) -> None:
+def test_unsupported_broker_configured_after_install_is_said_once(caplog: pytest.LogCaptureFixture) -> None:
+    app = Celery("a", set_as_current=False)
+    router().install(app)
+    with caplog.at_level(logging.ERROR, "priority_router"):
+        app.config_from_object({"broker_url": "filesystem://"})
+        assert app.conf.broker_url == "filesystem://"
+        app.amqp._create_task_sender()
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1
+    assert "cannot route" in errors[0].getMessage() and "Fix:" in errors[0].getMessage()
+
+
+def test_install_before_configuration_follows_the_final_configuration() -> None:
+    app = Celery("proj", set_as_current=False)
+    router().install(app)
+    app.config_from_object(
+        {"broker_url": "redis://127.0.0.1:1/0", "task_default_queue": "proj-b"}, namespace=None
+    )
+    assert app.amqp.default_queue.name == "proj-b"
+    assert app.conf.broker_transport_options["priority_steps"] == list(range(10))
+    assert app.conf.worker_prefetch_multiplier == 1 and app.conf.task_acks_late is True
+    assert app.conf.task_queue_max_priority is None, "not RabbitMQ"
+
+
+def test_django_style_namespace_configuration_after_install() -> None:
+    class Settings:
+        CELERY_BROKER_URL = "amqp://guest:guest@127.0.0.1:1//"
+        CELERY_TASK_DEFAULT_QUEUE = "proj-b"
+        CELERY_WORKER_PREFETCH_MULTIPLIER = 8
+
+    app = Celery("proj", set_as_current=False)
+    router().install(app)
+    app.config_from_object(Settings, namespace="CELERY")
+    assert app.conf.task_queue_max_priority == 10
+    assert app.amqp.queues["proj-b"].queue_arguments == {"x-max-priority": 10}
+    assert app.conf.worker_prefetch_multiplier == 8, "the user's own value is kept (and warned)"
+
+
+def test_reconfiguring_a_configured_app_settles_again() -> None:
+    app = Celery("a", set_as_current=False)
+    app.config_from_object({"broker_url": "redis://127.0.0.1:1/0"})
+    assert app.conf.broker_url
+    r = router()
+    receiver = r.install(app)
+    assert receiver.transport is Transport.REDIS
+    app.config_from_object({"broker_url": "amqp://guest:guest@127.0.0.1:1//"})
+    assert app.conf.task_queue_max_priority == 10
+    assert receiver.transport is Transport.AMQP
+
+
+def test_sender_settings_changed_after_install_are_honoured() -> None:
+    app = Celery("a", broker="redis://127.0.0.1:1/0", set_as_current=False)
+    router().install(app)
+    app.conf.task_publish_retry_policy = {"max_retries": 1, "interval_start": 0}
+    app.conf.task_default_delivery_mode = "transient"
+    send = app.amqp.send_task_message
+    frozen = dict(zip(send.__wrapped__.__code__.co_freevars, send.__wrapped__.__closure__, strict=True))
+    assert frozen["default_policy"].cell_contents == {"max_retries": 1, "interval_start": 0}
+    assert frozen["default_delivery_mode"].cell_contents == "transient"
+
+
+def test_quorum_default_queue_gets_no_max_priority(caplog: pytest.LogCaptureFixture) -> None:
     app = Celery("a", broker="amqp://guest:guest@127.0.0.1:1//", set_as_current=False)
     app.conf.task_default_queue_type = "quorum"
     with caplog.at_level(logging.WARNING, "priority_router"):
         router().install(app)
-    assert "quorum queue" in caplog.text and "two priorities" in caplog.text
+        assert app.amqp.default_queue.queue_arguments == {"x-queue-type": "quorum"}
+    assert app.conf.task_queue_max_priority is None
+    assert "quorum queues" in caplog.text and "4.0" in caplog.text
+
+
+def test_quorum_and_classic_queues_side_by_side() -> None:
+    from kombu import Queue
+
+    app = Celery("a", broker="amqp://guest:guest@127.0.0.1:1//", set_as_current=False)
+    app.conf.task_queues = [
+        Queue("classic"),
+        Queue("replicated", queue_arguments={"x-queue-type": "quorum"}),
+    ]
+    router().install(app)
+    queues = app.amqp.queues
+    assert queues["classic"].queue_arguments == {"x-max-priority": 10}
+    assert queues["replicated"].queue_arguments == {"x-queue-type": "quorum"}
 
 
 def test_amqp_queues_declared_by_the_user_keep_their_arguments() -> None:

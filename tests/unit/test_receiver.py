@@ -12,7 +12,8 @@ from celery._state import _task_stack
 
 from priority_router import PriorityRouter
 from priority_router import headers as H
-from priority_router.celery_hook import PublishReceiver, publishing_as
+from priority_router.celery_hook import PublishReceiver
+from priority_router.sender import publishing_as
 
 
 @pytest.fixture
@@ -176,3 +177,58 @@ def test_receiver_ignores_other_apps_publishes(app: Celery, router: PriorityRout
         receiver(sender="t", body=((), {}, {}), headers=headers, properties=properties)
     assert properties == {} and headers == {"client_id": "acme"}
     assert router.peek("acme").pending == 0
+
+
+def test_explicit_priority_reaches_the_broker_and_is_still_counted(
+    app: Celery, router: PriorityRouter
+) -> None:
+    receiver = router.install(app)
+    headers, properties = publish(receiver, app, headers={"client_id": "new"}, priority=9)
+    assert properties["priority"] == 9, "the caller's priority is not overwritten"
+    assert headers[H.REASON] == "explicit" and headers[H.PRIORITY] == 9
+    assert router.peek("new").pending == 0 and router.counter.read("new").ttl_ms is not None
+    for _ in range(25):
+        publish(receiver, app, headers={"client_id": "heavy"})
+    _, properties = publish(receiver, app, headers={"client_id": "heavy"}, priority=0)
+    assert properties["priority"] == 0
+    assert router.peek("heavy").pending == -25
+
+
+def test_explicit_priority_without_a_client_is_kept(app: Celery, router: PriorityRouter) -> None:
+    receiver = router.install(app)
+    headers, properties = publish(receiver, app, priority=9)
+    assert properties["priority"] == 9 and headers[H.REASON] == "explicit"
+
+
+def test_app_default_priority_is_not_a_choice(router: PriorityRouter) -> None:
+    app = Celery("unit", broker="redis://127.0.0.1:1/0", set_as_current=False)
+    app.conf.task_default_priority = 3
+    receiver = router.install(app)
+    for _ in range(24):
+        headers, properties = publish(receiver, app, headers={"client_id": "heavy"}, priority=3)
+    assert properties["priority"] == 9 and headers[H.REASON] == "counted"
+    headers, properties = publish(receiver, app, priority=3)
+    assert properties["priority"] == 3, "documents without a client keep the app's default"
+    assert headers[H.REASON] == "no-client" and headers[H.PRIORITY] == 3
+
+
+def test_explicit_child_priority_wins_over_inheritance(app: Celery, router: PriorityRouter) -> None:
+    receiver = router.install(app)
+    parent = _RunningTask(client_id="acme", priority_router_priority=7, priority_router_pending=-13)
+    _task_stack.push(parent)
+    try:
+        headers, properties = publish(receiver, app, headers={"parent_id": "p"}, priority=5)
+    finally:
+        _task_stack.pop()
+    assert properties["priority"] == 5 and headers[H.REASON] == "inherited"
+    assert router.peek("acme").pending == 0, "a chain step is not a new document"
+
+
+def test_expires_does_not_become_a_rabbitmq_ttl(router: PriorityRouter) -> None:
+    amqp_app = Celery("unit", broker="amqp://guest:guest@127.0.0.1:1//", set_as_current=False)
+    receiver = router.install(amqp_app)
+    message_headers = {"task": "t", "id": "x", "expires": "2030-01-01T00:00:00+00:00"}
+    properties: dict[str, Any] = {"expiration": 5.0}
+    with publishing_as(amqp_app):
+        receiver(sender="t", body=((), {}, {}), headers=message_headers, properties=properties)
+    assert "expiration" not in properties and properties["priority"] == 5

@@ -1,0 +1,104 @@
+"""The one patch priority-router makes to a Celery app: a wrapper around its task sender.
+
+Why it exists:
+
+- ``before_task_publish`` is process-wide and does not say which app is publishing.
+  The wrapper records the app in a context variable, so a router installed on one app
+  leaves every other app in the process alone.
+- RabbitMQ refuses to publish to a queue that exists without ``x-max-priority`` when
+  the app declares it with one (``PRECONDITION_FAILED``).  The wrapper then declares
+  the queue as it exists and sends the document once more (see ``amqp_queues``).
+
+Celery builds its sender lazily: ``app.amqp.send_task_message`` is a cached property
+whose builder (``_create_task_sender``) freezes the publish retry policy, delivery mode,
+serializer, compression and default routing key at the first publish.  The wrapper
+goes around the *builder*, so the sender is built at the same moment as in plain Celery,
+from the configuration the app has by then, and ``on_build`` runs at that moment too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
+from typing import Any
+
+from celery import Celery
+
+from .amqp_queues import demote_to_fifo, fifo_queue_in
+
+publishing_app: ContextVar[Celery | None] = ContextVar("priority_router_app", default=None)
+#: Set while a message already stamped is sent again (it must not be counted twice).
+republishing: ContextVar[bool] = ContextVar("priority_router_republishing", default=False)
+
+_BUILDER = "_create_task_sender"
+_SENDER = "send_task_message"
+_WRAPPED = "_priority_router_wrapped"
+
+
+def wrap_sender(app: Celery, on_build: Callable[[Celery], None]) -> None:
+    """Wrap ``app``'s task sender (idempotent); ``on_build(app)`` runs when Celery
+    builds it, or now if Celery already has."""
+    amqp = app.amqp
+    if amqp.__dict__.get(_WRAPPED):
+        return
+    built = amqp.__dict__.get(_SENDER)
+    if built is not None:
+        on_build(app)
+        amqp.__dict__[_SENDER] = _wrap(app, built)
+    else:
+        build = amqp._create_task_sender
+
+        def create_task_sender() -> Callable[..., Any]:
+            on_build(app)
+            return _wrap(app, build())
+
+        amqp.__dict__[_BUILDER] = create_task_sender
+    amqp.__dict__[_WRAPPED] = True
+
+
+def unwrap_sender(app: Celery) -> None:
+    """Undo :func:`wrap_sender`: ``app`` publishes exactly as plain Celery does."""
+    amqp = app.amqp
+    if not amqp.__dict__.pop(_WRAPPED, False):
+        return
+    amqp.__dict__.pop(_BUILDER, None)
+    sender = amqp.__dict__.get(_SENDER)
+    original = getattr(sender, "__wrapped__", None)
+    if original is not None:
+        amqp.__dict__[_SENDER] = original
+
+
+def _wrap(app: Celery, send: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(send)
+    def send_task_message(*args: Any, **kwargs: Any) -> Any:
+        token = publishing_app.set(app)
+        try:
+            return send(*args, **kwargs)
+        except Exception as exc:
+            queue = fifo_queue_in(exc)
+            if queue is None:
+                raise
+            demote_to_fifo(app, queue)
+            producer = args[0] if args else kwargs["producer"]
+            producer.revive(producer.connection.channel())
+            again = republishing.set(True)
+            try:
+                return send(*args, **kwargs)
+            finally:
+                republishing.reset(again)
+        finally:
+            publishing_app.reset(token)
+
+    return send_task_message
+
+
+@contextlib.contextmanager
+def publishing_as(app: Celery) -> Iterator[None]:
+    """Run a block as if ``app`` were publishing (for calling the receiver directly)."""
+    token = publishing_app.set(app)
+    try:
+        yield
+    finally:
+        publishing_app.reset(token)
