@@ -46,8 +46,18 @@ router_app_option = click.option(
 
 class Context:
     def __init__(self, redis_url: str | None, key_prefix: str | None, reset_interval: float | None) -> None:
-        self._overrides = {"redis_url": redis_url, "key_prefix": key_prefix, "reset_interval": reset_interval}
+        self._overrides: dict[str, Any] = {
+            "redis_url": redis_url,
+            "key_prefix": key_prefix,
+            "reset_interval": reset_interval,
+        }
         self._router: PriorityRouter | None = None
+
+    def override(self, name: str, value: object) -> None:
+        """A store option given after the subcommand wins over one given before it."""
+        if value is not None:
+            self._overrides[name] = value
+            self._router = None
 
     @property
     def router(self) -> PriorityRouter:
@@ -79,6 +89,26 @@ def _load_app(name: str) -> Any:
         return find_app(name)
     except Exception as exc:
         _fail(f"cannot load the Celery app {name!r} ({exc}); pass -A module or module:attribute", 2)
+
+
+def _after_subcommand(ctx: click.Context, param: click.Parameter, value: object) -> object:
+    context = ctx.find_object(Context)
+    if context is not None and param.name is not None:
+        context.override(param.name, value)
+    return value
+
+
+def store_options(command: Any) -> Any:
+    """The counter-store options, also accepted after the subcommand
+    (``priority-router status --redis-url ...``).  The environment is read once, by the group."""
+    for name, kind, text in (
+        ("--reset-interval", float, "Idle seconds before a client's count resets."),
+        ("--key-prefix", str, "Key prefix."),
+        ("--redis-url", str, "Counter store."),
+    ):
+        option = click.option(name, type=kind, help=text, expose_value=False, callback=_after_subcommand)
+        command = option(command)
+    return command
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -132,6 +162,7 @@ def _row(router: PriorityRouter, state: CounterState) -> dict[str, Any]:
 
 
 @main.command()
+@store_options
 @json_option
 @router_app_option
 @click.option("--limit", type=int, default=None, help="Show at most this many clients.")
@@ -169,6 +200,7 @@ def _seconds(value: float | None) -> str:
 
 
 @main.command()
+@store_options
 @click.argument("client")
 @json_option
 @router_app_option
@@ -195,6 +227,7 @@ def inspect(ctx: click.Context, client: str, as_json: bool, app_name: str | None
 
 
 @main.command()
+@store_options
 @click.argument("client", required=False)
 @click.option("--all", "everyone", is_flag=True, help="Reset every client.")
 @click.option("--yes", is_flag=True, help="Do it without asking.")

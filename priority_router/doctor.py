@@ -6,9 +6,12 @@ and exits non-zero when any failed.  An app set up by ``PriorityRouter.install``
 
 from __future__ import annotations
 
+import contextlib
 import re
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import kombu
 import redis
@@ -16,9 +19,17 @@ from celery import Celery
 from kombu.transport.redis import PRIORITY_STEPS as KOMBU_PRIORITY_STEPS
 from kombu.transport.redis import Channel as KombuRedisChannel
 
-from .amqp_queues import QueueNotPriorityError, verify_priority_queues
+from .amqp_queues import (
+    QueueNotPriorityError,
+    is_quorum,
+    quorum_note,
+    rabbitmq_version,
+    verify_priority_queues,
+)
 from .app_settings import COSTS, REDIS_PRIORITY_STEPS
+from .consumers import FIX, blind_workers
 from .counter import _glob_escape
+from .redact import redact_url
 from .router import installed_router, transport_of
 from .wire import AMQP_MAX_PRIORITY, Transport
 
@@ -205,11 +216,34 @@ def _check_stranded(app: Celery, transport: Transport) -> Iterator[Finding]:
 def _check_amqp_queues(app: Celery, transport: Transport) -> Iterator[Finding]:
     if transport is not Transport.AMQP:
         return
-    bad = False
-    for queue in app.amqp.queues.values():
-        args = queue.queue_arguments or {}
-        if args.get("x-max-priority", app.amqp.queues.max_priority) in (None, 0):
-            bad = True
+    queues = list(app.amqp.queues.values())
+    quorum = [q.name for q in queues if is_quorum(q)]
+    if quorum:
+        honoured, note = quorum_note(rabbitmq_version(app))
+        yield Finding(
+            "quorum",
+            honoured,
+            f"queues {', '.join(quorum)} are quorum queues. {note}",
+            "" if honoured else "upgrade to RabbitMQ 4.0 or later, or use classic queues",
+        )
+    bare = [
+        q
+        for q in queues
+        if not is_quorum(q)
+        and (q.queue_arguments or {}).get("x-max-priority", app.amqp.queues.max_priority) in (None, 0)
+    ]
+    for queue in bare:
+        if _exists_as_priority_queue(app, queue):
+            yield Finding(
+                "x-max-priority",
+                False,
+                f"queue {queue.name!r} exists on RabbitMQ as a priority queue (priority-router's "
+                "publishers declared it), but this app declares it without x-max-priority, so its "
+                "workers fail to start with PRECONDITION_FAILED (inequivalent arg 'x-max-priority')",
+                "install the router in this app too (PriorityRouter(...).install(app)): it declares "
+                f"the queue with x-max-priority={AMQP_MAX_PRIORITY}",
+            )
+        else:
             yield Finding(
                 "x-max-priority",
                 False,
@@ -217,15 +251,7 @@ def _check_amqp_queues(app: Celery, transport: Transport) -> Iterator[Finding]:
                 "message priorities on it",
                 f"set task_queue_max_priority = {AMQP_MAX_PRIORITY} (install() does)",
             )
-        if args.get("x-queue-type") == "quorum":
-            bad = True
-            yield Finding(
-                "quorum",
-                False,
-                f"queue {queue.name!r} is a quorum queue: only two priority levels, served about 2:1",
-                "use a classic queue for strict priority ordering",
-            )
-    if bad:
+    if bare:
         return
     try:
         # Passive first: the doctor creates nothing a worker has not created yet.
@@ -233,11 +259,96 @@ def _check_amqp_queues(app: Celery, transport: Transport) -> Iterator[Finding]:
     except QueueNotPriorityError as exc:
         yield Finding("x-max-priority", False, exc.problem, exc.fix)
         return
-    missing = [q.name for q in app.amqp.queues.values() if q.name not in checked]
+    missing = [q.name for q in queues if q.name not in checked]
     detail = "priority queues: " + (", ".join(checked) or "none declared yet")
     if missing:
         detail += f"; not created yet (a worker will declare them with priorities): {', '.join(missing)}"
     yield Finding("x-max-priority", True, detail)
+
+
+def _exists_as_priority_queue(app: Celery, queue: Any) -> bool:
+    """Whether ``queue`` exists on the server with ``x-max-priority`` while ``app`` declares
+    it without: RabbitMQ then refuses the app's declaration."""
+    from amqp.exceptions import NotFound, PreconditionFailed
+
+    with app.connection_for_write() as conn:
+        channel = conn.channel()
+        try:
+            channel.queue_declare(queue=queue.name, passive=True)
+        except NotFound:
+            return False
+        finally:
+            with contextlib.suppress(Exception):
+                channel.close()
+        channel = conn.channel()
+        try:
+            queue.bind(channel).declare()  # it exists, so this creates nothing
+        except PreconditionFailed as exc:
+            return "x-max-priority" in str(exc)
+        finally:
+            with contextlib.suppress(Exception):
+                channel.close()
+    return False
+
+
+def _check_counter(app: Celery, transport: Transport) -> Iterator[Finding]:
+    router = installed_router(app)
+    if router is None:
+        return
+    where = redact_url(router.config.redis_url)
+    timeout = router.config.socket_timeout
+    try:
+        started = time.perf_counter()
+        router.redis.ping()
+        took = time.perf_counter() - started
+        version = router.redis.info("server").get("redis_version", "?")
+    except Exception as exc:
+        yield Finding(
+            "counter store",
+            False,
+            f"the counter store at {where} does not answer ({type(exc).__name__}: {exc}), so every "
+            f"document is published at default_priority={router.config.default_priority}",
+            "start Redis there, or point redis_url / PRIORITY_ROUTER_REDIS_URL at one that answers",
+        )
+        return
+    if took > timeout:
+        yield Finding(
+            "counter store",
+            False,
+            f"the counter store at {where} (Redis {version}) took {took * 1000:.0f} ms to answer a "
+            f"PING, more than socket_timeout={timeout * 1000:.0f} ms, so publishes fail open",
+            "use a Redis closer to the publishers, or raise socket_timeout",
+        )
+        return
+    yield Finding("counter store", True, f"Redis {version} at {where} answers in {took * 1000:.1f} ms")
+
+
+def _check_consumers(app: Celery, transport: Transport) -> Iterator[Finding]:
+    if transport not in (Transport.REDIS, Transport.AMQP):
+        return
+    names = {q.name for q in app.amqp.queues.values()} or {app.conf.task_default_queue}
+    found = blind_workers(app, transport, names)
+    if found is None:
+        yield Finding("workers", True, "no worker answered, so none could be checked")
+        return
+    for blind in found:
+        yield Finding("workers", False, blind.detail, FIX)
+    if not found:
+        yield Finding("workers", True, "every worker consuming these queues takes every priority")
+
+
+def _check_default_priority(app: Celery, transport: Transport) -> Iterator[Finding]:
+    default = app.conf.task_default_priority
+    if default is None:
+        return
+    yield Finding(
+        "task_default_priority",
+        True,
+        f"task_default_priority={default}: documents without a client id go out at {default}; "
+        "counted documents get the router's priority instead; a per-call priority= equal to "
+        f"{default} cannot be told from the default and is treated as it",
+        "",
+    )
 
 
 _CHECKS: dict[str, Check] = {
@@ -249,4 +360,7 @@ _CHECKS: dict[str, Check] = {
     "visibility_timeout": _check_visibility,
     "stranded": _check_stranded,
     "x-max-priority": _check_amqp_queues,
+    "counter store": _check_counter,
+    "workers": _check_consumers,
+    "task_default_priority": _check_default_priority,
 }

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from celery import Celery
 
+from .app_settings import REDIS_PRIORITY_STEPS
 from .router import transport_of
 from .wire import Transport
 
@@ -48,12 +49,14 @@ def queue_depths(app: Celery) -> BrokerDepths:
 def _redis_depths(app: Celery, names: list[str]) -> BrokerDepths:
     with app.connection_for_read() as conn:
         channel = conn.default_channel
-        steps = sorted(set(channel.priority_steps))
+        # Every list a router-side producer or this app's workers can use, whatever this
+        # app's own steps: a worker without the router polls only 0, 3, 6 and 9.
+        steps = sorted(set(channel.priority_steps) | set(REDIS_PRIORITY_STEPS))
         client = channel.client
         with client.pipeline(transaction=False) as pipe:
             for name in names:
                 for step in steps:
-                    pipe.llen(channel._q_for_pri(name, step))
+                    pipe.llen(name if step == 0 else f"{name}{channel.sep}{step}")
             pipe.hlen(channel.unacked_key)
             replies = pipe.execute()
     depths = []
