@@ -113,6 +113,7 @@ class LoggedProcess:
 
     def stop(self) -> None:
         stop_process(self.process, timeout=20)
+        self.log.close()
         os.unlink(self.log.name)
 
     def __str__(self) -> str:
