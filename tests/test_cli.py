@@ -161,3 +161,21 @@ def test_status_uses_the_router_installed_on_an_app(
     refused = CliRunner().invoke(main, ["status", "-A", "plain_app"])
     assert refused.exit_code == 2
     assert "no PriorityRouter is installed" in refused.output
+
+
+def test_store_options_after_the_subcommand_win(
+    counter_url: str, key_prefix: str, router: PriorityRouter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PRIORITY_ROUTER_REDIS_URL", "redis://127.0.0.1:1/0")
+    runner = CliRunner()
+    after = runner.invoke(main, ["status", "--json", "--redis-url", counter_url, "--key-prefix", key_prefix])
+    assert after.exit_code == 0, after.output
+    assert [r["client_id"] for r in json.loads(after.output)] == ["light", "medium", "bulk"]
+    both = runner.invoke(
+        main,
+        [
+            *("--redis-url", "redis://127.0.0.1:1/0", "inspect", "medium", "--json"),
+            *("--redis-url", counter_url, "--key-prefix", key_prefix),
+        ],
+    )
+    assert json.loads(both.output)["pending"] == -4

@@ -28,6 +28,14 @@ from priority_router import ConfigurationError, PriorityRouter, RouterConfig
         ({"flower_kwargsrepr": "yes"}, "flower_kwargsrepr"),
         ({"redis_url": "redis+sentinel://127.0.0.1:26379"}, "redis_url"),
         ({"redis_url": "redis+sentinel://127.0.0.1:notaport/docs"}, "redis_url"),
+        ({"redis_url": "redis://localhost:6379/notadb"}, "redis_url"),
+        ({"redis_url": "redis://localhost:6379/0?db=x"}, "redis_url"),
+        ({"redis_url": "redis://localhost:99999/0"}, "redis_url"),
+        ({"redis_url": "redis+sentinel://127.0.0.1:26379/docs/notadb"}, "redis_url"),
+        ({"reset_interval": 1e-9}, "reset_interval"),
+        ({"reset_interval": 0.5}, "reset_interval"),
+        ({"thresholds": [(5, 9)]}, "thresholds"),
+        ({"consumer_check_interval": -1}, "consumer_check_interval"),
     ],
 )
 def test_bad_settings_raise_configuration_error_naming_them(kwargs: dict, setting: str) -> None:
@@ -86,3 +94,17 @@ def test_sentinel_and_tls_urls_are_accepted() -> None:
         "unix:///var/run/redis.sock?db=2",
     ):
         assert RouterConfig(redis_url=url).redis_url == url
+
+
+def test_a_string_tasks_setting_is_one_pattern() -> None:
+    assert PriorityRouter(tasks="docs.process").config.tasks == ("docs.process",)
+    assert RouterConfig(tasks="docs.*").tasks == ("docs.*",)
+    assert RouterConfig(tasks=(t for t in ["a", "b"])).tasks == ("a", "b")
+
+
+def test_valid_urls_and_boundaries_are_accepted() -> None:
+    for url in ("redis://localhost", "redis://:pw@h:6380/15", "unix:///run/redis.sock?db=3", "rediss://h/2"):
+        assert RouterConfig(redis_url=url).redis_url == url
+    assert RouterConfig(reset_interval=1).reset_interval == 1.0
+    assert RouterConfig(thresholds=[(0, 9)]).thresholds.priority_for(-1) == 9
+    assert RouterConfig(consumer_check_interval=0).consumer_check_interval == 0
