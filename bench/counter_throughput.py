@@ -27,7 +27,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from support.services import redis_answers, start_embedded_redis  # noqa: E402
 
-from priority_router.keys import client_key  # noqa: E402
+from priority_router.store.keys import client_key  # noqa: E402
 
 INTERVAL_MS = b"1500000"
 LUA = "local n = redis.call('INCR', KEYS[1]) redis.call('PEXPIRE', KEYS[1], ARGV[1]) return n"

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import statistics
 import sys
 import time
@@ -28,6 +27,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from support.services import redis_answers, running_worker, start_embedded_redis  # noqa: E402
 
+from workers.app import create_app  # noqa: E402
+from workers.workload import NoisyNeighbour, publish  # noqa: E402
+
 
 def p95(values: list[float]) -> float:
     return statistics.quantiles(values, n=20, method="inclusive")[18] if len(values) > 1 else values[0]
@@ -38,40 +40,24 @@ def run(mode: str, args: argparse.Namespace, redis_url: str) -> dict[str, Any]:
         "BROKER_URL": args.broker or redis_url + "/14",
         "RESULT_BACKEND": redis_url + "/15",
         "DOCUMENT_QUEUE": f"bench-{mode}-{uuid.uuid4().hex[:6]}",
-        "BENCH_MODE": mode,
+        "WORKERS_ROUTER": "on" if mode == "router" else "off",
         "PRIORITY_ROUTER_REDIS_URL": redis_url + "/13",
         "PRIORITY_ROUTER_KEY_PREFIX": f"bench-{uuid.uuid4().hex[:6]}:",
     }
-    os.environ.update(env)
-    sys.modules.pop("bench.fairness_app", None)
-    from bench.fairness_app import app
-
-    rng = random.Random(args.seed)  # the same document lengths in both runs
-    mean = args.doc_ms / 1000
-
-    def length() -> float:
-        return mean * (1 + args.jitter * (2 * rng.random() - 1))
-
-    published: dict[str, tuple[str, float]] = {}
-    with running_worker(
-        env, "--pool", args.pool, "--concurrency", str(args.threads), app="bench.fairness_app"
-    ):
+    app = create_app(env)
+    workload = NoisyNeighbour(
+        heavy=args.heavy,
+        light_clients=args.light_clients,
+        light_docs=args.light_docs,
+        doc_seconds=args.doc_ms / 1000,
+        jitter=args.jitter,
+        light_start=args.light_start,
+        light_spread=args.light_spread,
+        seed=args.seed,  # the same document lengths in both runs
+    )
+    with running_worker(env, "--pool", args.pool, "--concurrency", str(args.threads)):
         start = time.time()
-        for n in range(args.heavy):
-            r = app.send_task(
-                "workers.hold_document", ("heavy", f"h{n}", length()), headers={"client_id": "heavy"}
-            )
-            published[r.id] = ("heavy", time.time())
-        light = [(c, d) for d in range(args.light_docs) for c in range(args.light_clients)]
-        gap = args.light_spread / max(1, len(light))
-        for i, (c, d) in enumerate(light):
-            time.sleep(max(0.0, start + args.light_start + i * gap - time.time()))
-            r = app.send_task(
-                "workers.hold_document",
-                (f"light{c}", f"l{c}-{d}", length()),
-                headers={"client_id": f"light{c}"},
-            )
-            published[r.id] = ("light", time.time())
+        published = publish(app, workload)
         results = {tid: app.AsyncResult(tid).get(timeout=300) for tid in published}
     app.close()
 

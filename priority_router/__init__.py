@@ -5,9 +5,9 @@ from __future__ import annotations
 from .config import RouterConfig
 from .decision import Decision, Reason
 from .errors import ConfigurationError, CounterUnavailable, PriorityRouterError
+from .integration.brokers import Transport, from_wire, to_wire
 from .policy import DOCBITS_THRESHOLDS, Policy, Threshold
 from .router import PriorityRouter
-from .wire import Transport, from_wire, to_wire
 
 __version__ = "0.1.0"
 

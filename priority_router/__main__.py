@@ -1,3 +1,3 @@
-from .cli import main
+from .ops.cli import main
 
 main(prog_name="priority-router")

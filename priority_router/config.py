@@ -192,6 +192,6 @@ def _tasks(value: object) -> tuple[str, ...] | None:
 
 
 def _check_redis_url(url: object) -> str:
-    from .connection import check_url
+    from .store.connection import check_url
 
     return check_url(url)

@@ -10,22 +10,21 @@ from typing import Any
 import redis
 from celery import Celery
 
-from .breaker import CircuitBreaker
-from .celery_hook import PublishReceiver
 from .config import ClientIdGetter, RouterConfig
-from .connection import make_client
-from .counter import Counter
 from .decision import Decision, Reason
-from .errors import ConfigurationError, CounterUnavailable
-from .install import install as install_router
-from .install import receiver_of
-from .install import uninstall as uninstall_router
-from .keys import normalize_client_id
-from .metrics import get_metrics, serve
+from .errors import CounterUnavailable
+from .integration.install import install as install_router
+from .integration.install import receiver_of
+from .integration.install import uninstall as uninstall_router
+from .integration.metrics import get_metrics, serve
+from .integration.publish import PublishReceiver
+from .integration.worker import unwatch, watch_queue_wait
 from .policy import DOCBITS_THRESHOLDS, Policy
 from .redact import redact_url
-from .wire import Transport
-from .worker_side import unwatch, watch_queue_wait
+from .store.breaker import CircuitBreaker
+from .store.connection import make_client
+from .store.counter import Counter
+from .store.keys import normalize_client_id
 
 logger = logging.getLogger("priority_router")
 
@@ -195,18 +194,3 @@ def installed_router(app: Celery) -> PriorityRouter | None:
     """The router installed on ``app``, if any."""
     receiver = receiver_of(app)
     return receiver.router if receiver is not None else None
-
-
-def transport_of(app: Celery) -> Transport:
-    """The broker transport ``app`` writes to; ConfigurationError when it has no priorities."""
-    url = app.conf.broker_write_url or app.conf.broker_url or "amqp://"
-    try:
-        with app.connection_for_write() as conn:
-            driver = conn.transport.driver_type
-    except Exception as exc:
-        raise ConfigurationError(
-            "broker_url",
-            f"cannot load the transport for {redact_url(str(url))} ({exc})",
-            "use a Redis (redis://) or RabbitMQ (amqp://) broker URL",
-        ) from None
-    return Transport.from_driver(driver, str(url))

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from priority_router import PriorityRouter
-from priority_router.cli import main
+from priority_router.ops.cli import main
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from priority_router import DOCBITS_THRESHOLDS, CounterUnavailable, PriorityRouter
-from priority_router.counter import Counter
+from priority_router.store.counter import Counter
 
 
 @pytest.fixture(params=["fakeredis", pytest.param("redis", marks=pytest.mark.integration)])

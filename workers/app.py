@@ -7,7 +7,7 @@
 | ``DOCUMENT_QUEUE`` | ``documents`` |
 | ``WORKER_INCLUDE`` | extra task modules, comma-separated |
 | ``BROKER_TRANSPORT_OPTIONS`` | JSON object, e.g. ``{"visibility_timeout": 7200}`` |
-| ``PRIORITY_ROUTER_ENABLED`` | ``true``; ``false`` runs plain Celery (the demo's baseline) |
+| ``WORKERS_ROUTER`` | ``on``; ``off`` runs plain Celery (the demo's and benchmarks' baseline) |
 | ``PRIORITY_ROUTER_*`` | see the README's configuration reference |
 
 Start it with ``celery -A workers.app worker``.
@@ -42,7 +42,7 @@ def create_app(environ: Mapping[str, str] | None = None) -> Celery:
     )
     if env.get("BROKER_TRANSPORT_OPTIONS"):
         app.conf.broker_transport_options = json.loads(env["BROKER_TRANSPORT_OPTIONS"])
-    if env.get("PRIORITY_ROUTER_ENABLED", "true").strip().lower() not in ("0", "false", "no", "off"):
+    if env.get("WORKERS_ROUTER", "on").strip().lower() not in ("0", "false", "no", "off"):
         PriorityRouter.from_env(environ=env).install(app)
     return app
 

@@ -18,7 +18,7 @@ from celery import Celery
 from click.testing import CliRunner
 from kombu import Connection, Queue
 
-from priority_router.cli import main
+from priority_router.ops.cli import main
 
 AppFactory = Callable[..., str]
 

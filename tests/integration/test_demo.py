@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from support.services import free_port
 
-from priority_router.demo import redis_for_demo
-from priority_router.local_redis import redis_answers
+from workers.demo import redis_for_demo
+from workers.local_redis import redis_answers
 
 PROGRAM = [sys.executable, "-m", "priority_router", "demo"]
 
@@ -40,6 +40,9 @@ def demo_env(redis_server_url: str) -> dict[str, str]:
 
 def test_demo_compares_plain_celery_and_the_router(demo_env: dict[str, str], tmp_path: Path) -> None:
     chart = tmp_path / "demo.png"
+    # A user's own project may have a workers/ package of its own: the demo uses the repository's.
+    (tmp_path / "workers").mkdir()
+    (tmp_path / "workers" / "__init__.py").write_text("raise ImportError('the user workers package')\n")
     args = ["--heavy", "80", "--light-clients", "4", "--light-docs", "2", "--chart", str(chart)]
     done = subprocess.run(
         [*PROGRAM, *args], env=demo_env, capture_output=True, text=True, timeout=120, cwd=tmp_path

@@ -16,7 +16,7 @@ from celery import Celery
 from click.testing import CliRunner
 from support.services import Worker, running_worker
 
-from priority_router.cli import main
+from priority_router.ops.cli import main
 from priority_router.router import installed_router
 
 Loader = Any

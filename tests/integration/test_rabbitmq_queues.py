@@ -13,7 +13,7 @@ from support.broker import drain
 from support.services import ROOT, worker_command, worker_environment
 
 from priority_router import headers as H
-from priority_router.amqp_queues import QueueNotPriorityError, verify_priority_queues
+from priority_router.integration.rabbitmq import QueueNotPriorityError, verify_priority_queues
 from workers.app import create_app
 
 pytestmark = pytest.mark.rabbitmq

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from priority_router.local_redis import (  # noqa: F401 - re-exported for tests, bench, scripts
+from workers.local_redis import (  # noqa: F401 - re-exported for tests, bench, scripts
     EmbeddedRedis,
     free_port,
     redis_answers,

@@ -3,7 +3,7 @@ from __future__ import annotations
 import ast
 
 from priority_router.decision import Decision, Reason
-from priority_router.flower_repr import annotate_kwargsrepr
+from priority_router.integration.flower import annotate_kwargsrepr
 
 ACME = Decision("acme", -3, 2, Reason.COUNTED)
 

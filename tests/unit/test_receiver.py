@@ -12,8 +12,8 @@ from celery._state import _task_stack
 
 from priority_router import PriorityRouter
 from priority_router import headers as H
-from priority_router.celery_hook import PublishReceiver
-from priority_router.sender import publishing_as
+from priority_router.integration.publish import PublishReceiver
+from priority_router.integration.sender import publishing_as
 
 
 @pytest.fixture

@@ -20,8 +20,8 @@ from typing import Any
 from celery import Celery
 from kombu.transport.redis import PRIORITY_STEPS as KOMBU_PRIORITY_STEPS
 
-from .policy import LEAST_URGENT, MOST_URGENT
-from .wire import Transport, to_wire
+from ..policy import LEAST_URGENT, MOST_URGENT
+from .brokers import Transport, to_wire
 
 logger = logging.getLogger("priority_router")
 

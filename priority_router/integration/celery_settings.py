@@ -11,7 +11,7 @@ from typing import Any
 
 from celery import Celery
 
-from .wire import AMQP_MAX_PRIORITY, Transport
+from .brokers import AMQP_MAX_PRIORITY, Transport
 
 logger = logging.getLogger("priority_router")
 

@@ -1,6 +1,7 @@
-"""``priority-router demo``: the noisy-neighbour problem and its fix, on this machine.
+"""``priority-router demo`` (``make demo``): the noisy-neighbour problem and its fix, on this machine.
 
-Starts real Celery workers from ``workers/``, then runs the same workload twice, plain
+Runs from a checkout of the repository (it is not installed with the package). Starts
+real Celery workers from ``workers/``, then runs the same workload twice, plain
 Celery first and then with the router: one client dumps a few hundred documents and a
 dozen light clients send a few each while it runs.  Prints each group's wait, writes a
 chart, and stops every process it started, also on Ctrl-C.
@@ -29,21 +30,18 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .local_redis import redis_answers, start_embedded_redis, stop_process
-from .redact import redact_url
+from priority_router.redact import redact_url
+from workers.local_redis import redis_answers, start_embedded_redis, stop_process
+from workers.workload import NoisyNeighbour, publish
+
+ROOT = Path(__file__).resolve().parents[1]
 
 console = Console()
 
 
 @dataclass(frozen=True)
 class Workload:
-    heavy: int = 300
-    light_clients: int = 12
-    light_docs: int = 3
-    #: Seconds one document holds a worker slot.
-    doc_seconds: float = 0.04
-    #: Seconds over which the light clients' documents arrive.
-    light_spread: float = 2.0
+    documents: NoisyNeighbour = field(default_factory=NoisyNeighbour)
     workers: int = 2
     threads: int = 4
 
@@ -113,7 +111,12 @@ def running_workers(env: dict[str, str], workload: Workload) -> Iterator[list[in
                         *("--without-gossip", "--without-mingle", "--loglevel", "WARNING"),
                         *("--hostname", f"demo{n}-{uuid.uuid4().hex[:6]}@%h"),
                     ],
-                    env={**os.environ, **env},
+                    env={
+                        **os.environ,
+                        **env,
+                        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+                    },
+                    cwd=ROOT,
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     # Ctrl-C reaches only the demo, which then stops the workers in order.
@@ -128,6 +131,10 @@ def running_workers(env: dict[str, str], workload: Workload) -> Iterator[list[in
         for log in logs:
             log.close()
             os.unlink(log.name)
+
+
+def _pythonpath() -> str:
+    return os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
 
 
 def _wait_ready(
@@ -162,52 +169,39 @@ def run_once(mode: str, redis_url: str, workload: Workload, progress: Progress) 
         "DOCUMENT_QUEUE": f"demo-{mode}-{tag}",
         "PRIORITY_ROUTER_REDIS_URL": f"{redis_url}/13",
         "PRIORITY_ROUTER_KEY_PREFIX": f"demo-{tag}:",
-        "PRIORITY_ROUTER_ENABLED": "true" if mode == "router" else "false",
+        "WORKERS_ROUTER": "on" if mode == "router" else "off",
     }
     from workers.app import create_app
 
     app = create_app(env)
+    docs = workload.documents
     result = RunResult(mode)
     published: dict[str, tuple[str, float]] = {}
+    done: set[str] = set()
     try:
         with running_workers(env, workload) as pids:
             console.print(f"[dim]{mode}: workers running (pids {', '.join(map(str, pids))})[/]")
             bars = {
-                "heavy": progress.add_task(f"{mode}: heavy client", total=workload.heavy),
+                "heavy": progress.add_task(f"{mode}: heavy client", total=docs.heavy),
                 "light": progress.add_task(
-                    f"{mode}: {workload.light_clients} light clients",
-                    total=workload.light_clients * workload.light_docs,
+                    f"{mode}: {docs.light_clients} light clients", total=docs.light_clients * docs.light_docs
                 ),
             }
+
+            def collect_while_waiting(seconds: float) -> None:
+                _check_stop()
+                _collect(app, published, done, result, progress, bars)
+                time.sleep(max(0.0, seconds - 0.005))
+
             start = time.time()
-            for n in range(workload.heavy):
-                _check_stop()
-                r = app.send_task(
-                    "workers.hold_document",
-                    ("heavy", f"h{n}", workload.doc_seconds),
-                    headers={"client_id": "heavy"},
-                )
-                published[r.id] = ("heavy", time.time())
-            light = [(c, d) for d in range(workload.light_docs) for c in range(workload.light_clients)]
-            gap = workload.light_spread / max(1, len(light))
-            pending = dict(published)
-            for i, (c, d) in enumerate(light):
-                _check_stop()
-                time.sleep(max(0.0, start + 0.05 + i * gap - time.time()))
-                r = app.send_task(
-                    "workers.hold_document",
-                    (f"light{c:02d}", f"l{c}-{d}", workload.doc_seconds),
-                    headers={"client_id": f"light{c:02d}"},
-                )
-                published[r.id] = pending[r.id] = ("light", time.time())
-                _collect(app, pending, published, result, progress, bars)
+            publish(app, docs, wait=collect_while_waiting, published=published)
             deadline = time.monotonic() + 120
-            while pending and time.monotonic() < deadline:
-                _check_stop()
-                _collect(app, pending, published, result, progress, bars)
-                time.sleep(0.05)
-            if pending:
-                raise SystemExit(f"priority-router demo: {len(pending)} documents did not finish")
+            while len(done) < len(published) and time.monotonic() < deadline:
+                collect_while_waiting(0.05)
+            if len(done) < len(published):
+                raise SystemExit(
+                    f"priority-router demo: {len(published) - len(done)} documents did not finish"
+                )
             result.makespan = time.time() - start
     finally:
         _cleanup(app, env)
@@ -216,20 +210,21 @@ def run_once(mode: str, redis_url: str, workload: Workload, progress: Progress) 
 
 def _collect(
     app: Celery,
-    pending: dict[str, tuple[str, float]],
     published: dict[str, tuple[str, float]],
+    done: set[str],
     result: RunResult,
     progress: Progress,
     bars: dict[str, TaskID],
 ) -> None:
-    for tid in list(pending):
+    for tid, (group, at) in list(published.items()):
+        if tid in done:
+            continue
         async_result = app.AsyncResult(tid)
         if not async_result.ready():
             continue
         report = async_result.get(timeout=5)
-        group, at = published[tid]
         result.waits[group].append(report["started_at"] - at)
-        del pending[tid]
+        done.add(tid)
         progress.advance(bars[group])
 
 
@@ -314,11 +309,11 @@ def _check_stop() -> None:
 def run_demo(workload: Workload, chart: Path) -> int:
     signal.signal(signal.SIGINT, _on_stop_signal)
     signal.signal(signal.SIGTERM, _on_stop_signal)
-    total = workload.heavy + workload.light_clients * workload.light_docs
+    docs = workload.documents
     console.print(
-        f"[bold]priority-router demo[/]: a heavy client dumps {workload.heavy} documents, "
-        f"{workload.light_clients} light clients send {workload.light_docs} each while it runs "
-        f"({total} documents of {workload.doc_seconds * 1000:.0f} ms, {workload.workers} workers x "
+        f"[bold]priority-router demo[/]: a heavy client dumps {docs.heavy} documents, "
+        f"{docs.light_clients} light clients send {docs.light_docs} each while it runs "
+        f"({docs.total} documents of {docs.doc_seconds * 1000:.0f} ms, {workload.workers} workers x "
         f"{workload.threads} threads). Plain Celery first, then with the router."
     )
     try:

@@ -26,7 +26,7 @@ from typing import Any
 
 from celery import Celery
 
-from .amqp_queues import demote_to_fifo, fifo_queue_in
+from .rabbitmq import demote_to_fifo, fifo_queue_in
 
 publishing_app: ContextVar[Celery | None] = ContextVar("priority_router_app", default=None)
 #: Set while a message already stamped is sent again (it must not be counted twice).

@@ -25,17 +25,17 @@ from typing import TYPE_CHECKING, Any
 from celery import Celery
 from celery.signals import before_task_publish, celeryd_init, task_received, worker_init
 
-from . import headers as H
-from .amqp_queues import QUORUM_PRIORITIES, check_worker_queues, prepare_priority_queues
-from .app_settings import apply_priority_settings
-from .celery_hook import PublishReceiver
+from .. import headers as H
+from ..errors import ConfigurationError
+from .brokers import Transport, transport_of
+from .celery_settings import apply_priority_settings
 from .consumers import ConsumerWatch
-from .errors import ConfigurationError
+from .publish import PublishReceiver
+from .rabbitmq import QUORUM_PRIORITIES, check_worker_queues, prepare_priority_queues
 from .sender import publishing_app, unwrap_sender, wrap_sender
-from .wire import Transport
 
 if TYPE_CHECKING:
-    from .router import PriorityRouter
+    from ..router import PriorityRouter
 
 logger = logging.getLogger("priority_router")
 
@@ -106,8 +106,6 @@ def settle(app: Celery, receiver: PublishReceiver) -> Transport | None:
 
 
 def _settle(app: Celery, receiver: PublishReceiver) -> Transport:
-    from .router import transport_of
-
     transport = transport_of(app)
     warned = _warned.setdefault(app, set())
     apply_priority_settings(app, transport, warned)

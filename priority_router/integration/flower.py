@@ -17,7 +17,7 @@ every document of a client, including those whose id travelled only in a header.
 
 from __future__ import annotations
 
-from .decision import Decision
+from ..decision import Decision
 
 CLIENT_KEY = "priority_router_client"
 PRIORITY_KEY = "priority_router_priority"

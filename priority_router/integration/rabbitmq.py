@@ -13,8 +13,8 @@ from typing import Any
 
 from celery import Celery
 
-from .errors import ConfigurationError
-from .wire import AMQP_MAX_PRIORITY
+from ..errors import ConfigurationError
+from .brokers import AMQP_MAX_PRIORITY
 
 logger = logging.getLogger("priority_router")
 

@@ -12,9 +12,8 @@ from dataclasses import dataclass, field
 
 from celery import Celery
 
-from .app_settings import REDIS_PRIORITY_STEPS
-from .router import transport_of
-from .wire import Transport
+from ..integration.brokers import Transport, transport_of
+from ..integration.celery_settings import REDIS_PRIORITY_STEPS
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from enum import Enum
 
-from .errors import ConfigurationError
-from .policy import LEAST_URGENT, MOST_URGENT
-from .redact import redact_url
+from celery import Celery
+
+from ..errors import ConfigurationError
+from ..policy import LEAST_URGENT, MOST_URGENT
+from ..redact import redact_url
 
 
 class Transport(str, Enum):
@@ -57,3 +59,18 @@ def logical_from_wire(wire: int, transport: Transport) -> int:
     """The logical priority a wire value stands for, clamped to 1..9 (a caller's own
     ``priority=`` may lie outside the router's range, e.g. 0 on Redis or 255 on RabbitMQ)."""
     return min(LEAST_URGENT, max(MOST_URGENT, from_wire(wire, transport)))
+
+
+def transport_of(app: Celery) -> Transport:
+    """The broker transport ``app`` writes to; ConfigurationError when it has no priorities."""
+    url = app.conf.broker_write_url or app.conf.broker_url or "amqp://"
+    try:
+        with app.connection_for_write() as conn:
+            driver = conn.transport.driver_type
+    except Exception as exc:
+        raise ConfigurationError(
+            "broker_url",
+            f"cannot load the transport for {redact_url(str(url))} ({exc})",
+            "use a Redis (redis://) or RabbitMQ (amqp://) broker URL",
+        ) from None
+    return Transport.from_driver(driver, str(url))

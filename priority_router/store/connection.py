@@ -20,8 +20,8 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import redis
 from redis.sentinel import Sentinel
 
-from .errors import ConfigurationError
-from .redact import redact_url
+from ..errors import ConfigurationError
+from ..redact import redact_url
 
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
 SCHEMES = ("redis", "rediss", "unix", *SENTINEL_SCHEMES)

@@ -19,19 +19,19 @@ from celery import Celery
 from kombu.transport.redis import PRIORITY_STEPS as KOMBU_PRIORITY_STEPS
 from kombu.transport.redis import Channel as KombuRedisChannel
 
-from .amqp_queues import (
+from ..integration.brokers import AMQP_MAX_PRIORITY, Transport, transport_of
+from ..integration.celery_settings import COSTS, REDIS_PRIORITY_STEPS
+from ..integration.consumers import FIX, blind_workers
+from ..integration.rabbitmq import (
     QueueNotPriorityError,
     is_quorum,
     quorum_note,
     rabbitmq_version,
     verify_priority_queues,
 )
-from .app_settings import COSTS, REDIS_PRIORITY_STEPS
-from .consumers import FIX, blind_workers
-from .counter import _glob_escape
-from .redact import redact_url
-from .router import installed_router, transport_of
-from .wire import AMQP_MAX_PRIORITY, Transport
+from ..redact import redact_url
+from ..router import installed_router
+from ..store.counter import _glob_escape
 
 #: kombu before 5.4 drops a message's priority when it restores an unacked message.
 MIN_KOMBU = (5, 4)

@@ -17,17 +17,18 @@ import dataclasses
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
 from rich.console import Console
 from rich.table import Table
 
-from .config import RouterConfig
-from .counter import CounterState
-from .errors import ConfigurationError, CounterUnavailable, PriorityRouterError
-from .redact import redact_url
-from .router import PriorityRouter, installed_router
+from ..config import RouterConfig
+from ..errors import ConfigurationError, CounterUnavailable, PriorityRouterError
+from ..redact import redact_url
+from ..router import PriorityRouter, installed_router
+from ..store.counter import CounterState
 
 console = Console()
 
@@ -264,8 +265,8 @@ def reset(ctx: click.Context, client: str | None, everyone: bool, yes: bool, app
 @json_option
 def queues(app_name: str, as_json: bool) -> None:
     """Messages waiting in each of the app's queues (per priority level on Redis)."""
-    from .queue_depth import queue_depths
-    from .wire import Transport, from_wire
+    from ..integration.brokers import Transport, from_wire
+    from .queues import queue_depths
 
     app = _load_app(app_name)
     try:
@@ -346,19 +347,34 @@ def doctor(app_name: str, as_json: bool) -> None:
 def demo(
     heavy: int, light_clients: int, light_docs: int, doc_ms: float, workers: int, threads: int, chart: str
 ) -> None:
-    """Run a noisy-neighbour workload on plain Celery, then with the router, and compare."""
-    from pathlib import Path
+    """Run a noisy-neighbour workload on plain Celery, then with the router, and compare.
 
-    from .demo import Workload, run_demo
-
+    The demo and its example workers live in the repository's ``workers/`` folder, not in
+    the installed package: run it from a checkout (``make demo``).
+    """
     if min(heavy, light_clients, light_docs, workers, threads) < 1 or doc_ms <= 0:
         _fail("every count must be at least 1 and --doc-ms positive", 2)
-    workload = Workload(
-        heavy=heavy,
-        light_clients=light_clients,
-        light_docs=light_docs,
-        doc_seconds=doc_ms / 1000,
-        workers=workers,
-        threads=threads,
+    root = _repository()
+    sys.path.insert(0, str(root))
+    from workers.demo import Workload, run_demo
+    from workers.workload import NoisyNeighbour
+
+    documents = NoisyNeighbour(
+        heavy=heavy, light_clients=light_clients, light_docs=light_docs, doc_seconds=doc_ms / 1000
     )
-    sys.exit(run_demo(workload, Path(chart)))
+    sys.exit(run_demo(Workload(documents, workers=workers, threads=threads), Path(chart)))
+
+
+def _repository() -> Path:
+    """The priority-router checkout this command runs from (an editable install)."""
+    root = Path(__file__).resolve().parents[2]
+    if not (root / "workers" / "demo.py").is_file() or not (root / "pyproject.toml").is_file():
+        _fail(
+            "the demo runs from a checkout of the priority-router repository, whose workers/ folder "
+            "holds the example workers: clone it and run `make demo` there",
+            2,
+        )
+    loaded = sys.modules.get("workers")
+    if loaded is not None and Path(getattr(loaded, "__file__", "") or "").parent != root / "workers":
+        _fail(f"another package named 'workers' is already imported ({loaded!r})", 2)
+    return root

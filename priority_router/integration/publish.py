@@ -25,15 +25,15 @@ from typing import TYPE_CHECKING, Any, TypeGuard
 
 from celery import Celery
 
-from . import headers as H
-from .decision import Decision, Reason
-from .flower_repr import annotate_kwargsrepr
-from .keys import normalize_client_id
+from .. import headers as H
+from ..decision import Decision, Reason
+from ..store.keys import normalize_client_id
+from .brokers import Transport, logical_from_wire, to_wire
+from .flower import annotate_kwargsrepr
 from .sender import publishing_app, republishing
-from .wire import Transport, logical_from_wire, to_wire
 
 if TYPE_CHECKING:
-    from .router import PriorityRouter
+    from ..router import PriorityRouter
 
 logger = logging.getLogger("priority_router")
 

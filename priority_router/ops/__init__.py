@@ -1,0 +1,1 @@
+"""Operator tools: the ``priority-router`` command, ``doctor`` and queue depths."""

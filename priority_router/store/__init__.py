@@ -1,0 +1,1 @@
+"""The counter store: the Redis connection, client keys, the atomic counter and its breaker."""
