@@ -1,41 +1,51 @@
-"""The router's settings: one frozen, validated object."""
+"""The router's settings: one frozen, validated object, and the three places they come from.
+
+Each field of :class:`RouterConfig` is a setting.  The same name is a keyword of
+``PriorityRouter(...)``, an environment variable ``PRIORITY_ROUTER_<NAME>`` (read by
+``from_env``) and a Celery setting ``priority_router_<name>`` (read from the app the router
+is installed on; ``CELERY_PRIORITY_ROUTER_<NAME>`` in a Django settings module with the
+``CELERY`` namespace).  A setting is added here and nowhere else.
+"""
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import Field, dataclass, field, fields
 from typing import Any
 
 from .errors import ConfigurationError
-from .policy import DOCBITS_THRESHOLDS, LEAST_URGENT, MOST_URGENT, Policy
+from .policy import DOCBITS_THRESHOLDS, Policy, check_priority
 
 #: Called as ``getter(task_name, args, kwargs, headers)``; returns a client id or None.
 ClientIdGetter = Callable[[str, tuple[Any, ...], dict[str, Any], dict[str, Any]], object]
 
 ENV_PREFIX = "PRIORITY_ROUTER_"
+CELERY_PREFIX = "priority_router_"
+#: Fields that only Python can give (not an environment variable's text).
+_PYTHON_ONLY = {"not_text": True}
 #: Shortest idle reset accepted, in seconds.
 MIN_RESET_INTERVAL = 1.0
 
 
 @dataclass(frozen=True)
 class RouterConfig:
-    """Every setting of a :class:`~priority_router.PriorityRouter`.
+    """Every setting of a :class:`~priority_router.PriorityRouter`, validated on creation.
 
-    Each field except ``thresholds`` and ``client_id_getter`` can also come from an
-    environment variable ``PRIORITY_ROUTER_<FIELD NAME IN CAPITALS>`` through
-    :meth:`from_env`.
+    Every field except ``thresholds`` and ``client_id_getter`` can also be given as text
+    (an environment variable, or a string in Celery's configuration).
     """
 
     redis_url: str = "redis://localhost:6379/0"
     reset_interval: float = 1500.0
-    thresholds: Policy = DOCBITS_THRESHOLDS
+    thresholds: Policy = field(default=DOCBITS_THRESHOLDS, metadata=_PYTHON_ONLY)
     default_priority: int = 5
     key_prefix: str = "priority-router:"
     client_id_header: str = "client_id"
     client_id_kwarg: str = "client_id"
-    client_id_getter: ClientIdGetter | None = None
+    client_id_getter: ClientIdGetter | None = field(default=None, metadata=_PYTHON_ONLY)
     #: Task names or globs whose publishes are counted; None counts every task.
     tasks: tuple[str, ...] | None = None
     #: Seconds the counter may take to connect / to answer before publishing fails open.
@@ -45,7 +55,9 @@ class RouterConfig:
     cooldown: float = 5.0
     #: Append the decision to each message's ``kwargsrepr`` so Flower shows and finds it.
     flower_kwargsrepr: bool = True
-    #: Port on which each worker serves Prometheus metrics (needs the ``metrics`` extra).
+    #: Record Prometheus metrics in the default registry (needs the ``metrics`` extra).
+    metrics: bool = False
+    #: Port on which each worker serves Prometheus metrics; implies ``metrics``.
     metrics_port: int | None = None
     #: Seconds between a publisher's checks that every worker consuming its queues can
     #: see every priority it sends (0 turns the check off).
@@ -74,13 +86,7 @@ class RouterConfig:
         set_(self, "socket_timeout", _positive("socket_timeout", self.socket_timeout))
         set_(self, "cooldown", _positive("cooldown", self.cooldown))
         set_(self, "thresholds", _policy(self.thresholds))
-        dp = self.default_priority
-        if isinstance(dp, bool) or not isinstance(dp, int) or not MOST_URGENT <= dp <= LEAST_URGENT:
-            raise ConfigurationError(
-                "default_priority",
-                f"{dp!r} is outside {MOST_URGENT}..{LEAST_URGENT}",
-                "use a whole number from 1 (most urgent) to 9 (least); the default is 5",
-            )
+        check_priority("default_priority", self.default_priority)
         for name in ("key_prefix", "client_id_header", "client_id_kwarg"):
             value = getattr(self, name)
             if not isinstance(value, str) or not value:
@@ -105,52 +111,104 @@ class RouterConfig:
             raise ConfigurationError(
                 "metrics_port", f"{port!r} is not a TCP port", "use 1..65535 (0 picks a free one), or None"
             )
-        if not isinstance(self.flower_kwargsrepr, bool):
-            raise ConfigurationError(
-                "flower_kwargsrepr", f"{self.flower_kwargsrepr!r} is not a bool", "use True or False"
-            )
+        for name in ("flower_kwargsrepr", "metrics"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigurationError(name, f"{getattr(self, name)!r} is not a bool", "use True or False")
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any], source: Callable[[str], str] = str) -> RouterConfig:
+        """Settings by name; ``source(name)`` names where a value came from, in errors."""
+        known = {f.name for f in fields(cls)}
+        for name in values:
+            if name not in known:
+                raise ConfigurationError(
+                    source(name),
+                    "is not a priority-router setting",
+                    f"use one of {', '.join(sorted(known))}" + _did_you_mean(name, known),
+                )
+        return cls(**values)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> RouterConfig:
-        """Settings from ``PRIORITY_ROUTER_*`` variables; ``overrides`` win over them."""
-        environ = os.environ if environ is None else environ
-        values: dict[str, Any] = {}
-        for f in fields(cls):
-            if f.name in ("thresholds", "client_id_getter"):
-                continue
-            raw = environ.get(ENV_PREFIX + f.name.upper())
-            if raw is not None and f.name not in overrides:
-                values[f.name] = _parse_env(f.name, raw)
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**values)
+        """Settings from ``PRIORITY_ROUTER_*`` variables; ``overrides`` that are not None win."""
+        given = {k: v for k, v in overrides.items() if v is not None}
+        return cls.from_mapping({**env_values(environ), **given}, _env_name)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def replace(self, **changes: Any) -> RouterConfig:
+        """A copy with ``changes`` (validated like any other settings)."""
+        return type(self).from_mapping({**self.as_dict(), **changes})
 
 
-_INT_HINTS = {"default_priority": "set it to 1..9", "metrics_port": "set it to a port, e.g. 9808"}
+def env_values(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The settings ``PRIORITY_ROUTER_*`` variables give, parsed from their text."""
+    environ = os.environ if environ is None else environ
+    found = {}
+    for f in fields(RouterConfig):
+        raw = environ.get(_env_name(f.name))
+        if raw is not None and not f.metadata.get("not_text"):
+            found[f.name] = _parse(f, raw, _env_name(f.name))
+    return found
 
 
-def _parse_env(name: str, raw: str) -> Any:
-    env = ENV_PREFIX + name.upper()
-    if name in ("reset_interval", "connect_timeout", "socket_timeout", "cooldown", "consumer_check_interval"):
+def celery_values(conf: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings a Celery app's configuration gives (``priority_router_*``); text
+    values (a Django setting read from the environment, say) are parsed."""
+    found = {}
+    for f in fields(RouterConfig):
+        value = conf.get(celery_name(f.name))
+        if value is not None:
+            found[f.name] = _parse(f, value, celery_name(f.name)) if isinstance(value, str) else value
+    return found
+
+
+def _parse(f: Field[Any], raw: str, where: str) -> Any:
+    if f.type == "str" or f.metadata.get("not_text"):
+        return raw
+    return _from_text(f.name, str(f.type), raw, where)
+
+
+def celery_name(name: str) -> str:
+    return CELERY_PREFIX + name
+
+
+def _env_name(name: str) -> str:
+    return ENV_PREFIX + name.upper()
+
+
+def _did_you_mean(name: str, known: set[str]) -> str:
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def _from_text(name: str, kind: str, raw: str, where: str) -> Any:
+    text = raw.strip()
+    if "None" in kind and text.lower() in ("", "none"):
+        return None
+    if name == "tasks":
+        return tuple(t.strip() for t in text.split(",") if t.strip()) or None
+    if kind.startswith("bool"):
+        if text.lower() in ("1", "true", "yes", "on"):
+            return True
+        if text.lower() in ("0", "false", "no", "off"):
+            return False
+        raise ConfigurationError(where, f"{raw!r} is not a boolean", "set it to true or false")
+    if kind.startswith("float"):
         try:
-            return float(raw)
+            return float(text)
         except ValueError:
             raise ConfigurationError(
-                env, f"{raw!r} is not a number", "set it to seconds, e.g. 1500"
+                where, f"{raw!r} is not a number", "set it to seconds, e.g. 1500"
             ) from None
-    if name in _INT_HINTS:
+    if kind.startswith("int"):
         try:
-            return int(raw)
+            return int(text)
         except ValueError:
-            raise ConfigurationError(env, f"{raw!r} is not a whole number", _INT_HINTS[name]) from None
-    if name == "flower_kwargsrepr":
-        lowered = raw.strip().lower()
-        if lowered in ("1", "true", "yes", "on"):
-            return True
-        if lowered in ("0", "false", "no", "off"):
-            return False
-        raise ConfigurationError(env, f"{raw!r} is not a boolean", "set it to true or false")
-    if name == "tasks":
-        return tuple(t.strip() for t in raw.split(",") if t.strip()) or None
+            raise ConfigurationError(
+                where, f"{raw!r} is not a whole number", "write digits, e.g. 5"
+            ) from None
     return raw
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from itertools import pairwise
+from typing import TypeGuard
 
 from .errors import ConfigurationError
 
@@ -43,7 +44,7 @@ class Policy:
                 "thresholds", "the table is empty", "give at least one (below, priority) row"
             )
         for row in rows:
-            _check_priority("thresholds", row.priority)
+            check_priority("thresholds", row.priority)
             if isinstance(row.below, bool) or not isinstance(row.below, int):
                 raise ConfigurationError(
                     "thresholds",
@@ -65,7 +66,7 @@ class Policy:
                 "order rows from the lowest limit (least urgent) up, each limit distinct, "
                 "as in DOCBITS_THRESHOLDS",
             )
-        _check_priority("thresholds fallback", self.fallback)
+        check_priority("thresholds fallback", self.fallback)
 
     def priority_for(self, pending: int) -> int:
         """The logical priority for a pending count (0 or negative)."""
@@ -89,12 +90,14 @@ def _row_from_pair(row: object) -> Threshold:
     return Threshold(row[0], row[1])
 
 
-def _check_priority(setting: str, priority: object) -> None:
-    if (
-        isinstance(priority, bool)
-        or not isinstance(priority, int)
-        or not MOST_URGENT <= priority <= LEAST_URGENT
-    ):
+def is_priority(value: object) -> TypeGuard[int]:
+    """Whether ``value`` is a logical priority, a whole number from 1 to 9 (not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool) and MOST_URGENT <= value <= LEAST_URGENT
+
+
+def check_priority(setting: str, priority: object) -> None:
+    """Raise :class:`ConfigurationError` naming ``setting`` unless ``priority`` is 1..9."""
+    if not is_priority(priority):
         raise ConfigurationError(
             setting,
             f"priority {priority!r} is outside {MOST_URGENT}..{LEAST_URGENT}",
@@ -102,7 +105,7 @@ def _check_priority(setting: str, priority: object) -> None:
         )
 
 
-#: The specified table (SPEC.md): 9 if pending < -20, 8 if < -14, ... 1 otherwise.
+#: The specified table (docs/scheme.md): 9 if pending < -20, 8 if < -14, ... 1 otherwise.
 DOCBITS_THRESHOLDS = Policy.from_rows(
     [(-20, 9), (-14, 8), (-12, 7), (-10, 6), (-8, 5), (-6, 4), (-4, 3), (-2, 2)],
     fallback=MOST_URGENT,

@@ -10,20 +10,18 @@ from typing import Any
 import redis
 from celery import Celery
 
-from .config import ClientIdGetter, RouterConfig
+from .config import RouterConfig, celery_name, env_values
 from .decision import Decision, Reason
-from .errors import CounterUnavailable
+from .errors import ConfigurationError, CounterUnavailable
 from .integration.install import install as install_router
-from .integration.install import receiver_of
+from .integration.install import router_of
 from .integration.install import uninstall as uninstall_router
-from .integration.metrics import get_metrics, serve
+from .integration.metrics import RouterMetrics, get_metrics
 from .integration.publish import PublishReceiver
-from .integration.worker import unwatch, watch_queue_wait
-from .policy import DOCBITS_THRESHOLDS, Policy
 from .redact import redact_url
 from .store.breaker import CircuitBreaker
 from .store.connection import make_client
-from .store.counter import Counter
+from .store.counter import Counter, CounterState
 from .store.keys import normalize_client_id
 
 logger = logging.getLogger("priority_router")
@@ -32,57 +30,35 @@ logger = logging.getLogger("priority_router")
 class PriorityRouter:
     """Gives every published document a priority from its client's pending count.
 
-    >>> router = PriorityRouter(redis_url="redis://localhost:6379/1")  # doctest: +SKIP
-    >>> router.install(app)                                             # doctest: +SKIP
+    >>> router = PriorityRouter("redis://localhost:6379/0", reset_interval=900)  # doctest: +SKIP
+    >>> router.install(app)                                                       # doctest: +SKIP
 
-    Nothing connects until the first check.  Use :meth:`from_env` to read every
-    setting from ``PRIORITY_ROUTER_*`` environment variables.
+    Every keyword is a setting of :class:`RouterConfig` (see the README's configuration
+    table); a bad one raises :class:`ConfigurationError` naming it.  Settings given here
+    (or read by :meth:`from_env`) win over the installed app's ``priority_router_*``
+    Celery settings, which win over the defaults.  Nothing connects until the first check.
     """
 
     def __init__(
         self,
-        redis_url: str = "redis://localhost:6379/0",
-        reset_interval: float = 1500,
-        thresholds: Policy = DOCBITS_THRESHOLDS,
-        default_priority: int = 5,
-        key_prefix: str = "priority-router:",
-        client_id_header: str = "client_id",
-        client_id_kwarg: str = "client_id",
-        client_id_getter: ClientIdGetter | None = None,
-        tasks: str | list[str] | tuple[str, ...] | None = None,
+        redis_url: str | None = None,
         *,
-        connect_timeout: float = 0.05,
-        socket_timeout: float = 0.05,
-        cooldown: float = 5.0,
-        flower_kwargsrepr: bool = True,
-        metrics_port: int | None = None,
-        consumer_check_interval: float = 60.0,
+        config: RouterConfig | None = None,
         redis_client: redis.Redis | None = None,
+        **settings: Any,
     ) -> None:
-        config = RouterConfig(
-            redis_url=redis_url,
-            reset_interval=reset_interval,
-            thresholds=thresholds,
-            default_priority=default_priority,
-            key_prefix=key_prefix,
-            client_id_header=client_id_header,
-            client_id_kwarg=client_id_kwarg,
-            client_id_getter=client_id_getter,
-            tasks=(tasks,) if isinstance(tasks, str) else None if tasks is None else tuple(tasks),
-            connect_timeout=connect_timeout,
-            socket_timeout=socket_timeout,
-            cooldown=cooldown,
-            flower_kwargsrepr=flower_kwargsrepr,
-            metrics_port=metrics_port,
-            consumer_check_interval=consumer_check_interval,
-        )
-        self._setup(config, redis_client)
+        given = dict(config.as_dict() if config is not None else {})
+        given.update(settings)
+        if redis_url is not None:
+            given["redis_url"] = redis_url
+        #: What the user chose; an app's Celery settings fill in only the rest.
+        self._given = given
+        self._redis_client = redis_client
+        self._use(RouterConfig.from_mapping(given))
 
     @classmethod
     def from_config(cls, config: RouterConfig, redis_client: redis.Redis | None = None) -> PriorityRouter:
-        router = cls.__new__(cls)
-        router._setup(config, redis_client)
-        return router
+        return cls(config=config, redis_client=redis_client)
 
     @classmethod
     def from_env(
@@ -91,20 +67,32 @@ class PriorityRouter:
         redis_client: redis.Redis | None = None,
         **overrides: Any,
     ) -> PriorityRouter:
-        """A router configured from ``PRIORITY_ROUTER_*`` variables; ``overrides`` win."""
-        return cls.from_config(RouterConfig.from_env(environ, **overrides), redis_client)
+        """A router configured from ``PRIORITY_ROUTER_*`` variables; ``overrides`` that are
+        not None win."""
+        given = {k: v for k, v in overrides.items() if v is not None}
+        return cls(redis_client=redis_client, **{**env_values(environ), **given})
 
-    def _setup(self, config: RouterConfig, redis_client: redis.Redis | None) -> None:
+    def _use(self, config: RouterConfig) -> None:
         self.config = config
+        redis_client = self._redis_client
         if redis_client is None:
             redis_client = make_client(config.redis_url, config.connect_timeout, config.socket_timeout)
         self.redis = redis_client
         self.counter = Counter(redis_client, config.key_prefix, config.reset_interval)
         self.policy = config.thresholds
-        self._metrics = get_metrics()
+        self.metrics = _metrics_for(config)
         self._breaker = CircuitBreaker(
             config.cooldown, f"the priority counter at {redact_url(config.redis_url)}"
         )
+
+    def follow(self, celery_settings: Mapping[str, Any]) -> bool:
+        """Adopt an app's ``priority_router_*`` settings under the ones given to this router;
+        True when the configuration changed."""
+        config = RouterConfig.from_mapping({**celery_settings, **self._given}, celery_name)
+        if config == self.config:
+            return False
+        self._use(config)
+        return True
 
     def __repr__(self) -> str:
         return f"<PriorityRouter {redact_url(self.config.redis_url)} prefix={self.config.key_prefix!r}>"
@@ -126,12 +114,8 @@ class PriorityRouter:
 
     def peek(self, client_id: object) -> Decision:
         """The client's current pending count and priority, without counting."""
-        client = self._client(client_id)
-        try:
-            state = self.counter.read(client)
-        except (redis.RedisError, OSError) as exc:
-            raise CounterUnavailable(f"could not read {client!r}: {exc}") from exc
-        return Decision(client, state.pending, self.policy.priority_for(state.pending))
+        state = self.state(client_id)
+        return Decision(state.client_id, state.pending, self.policy.priority_for(state.pending))
 
     def reset(self, client_id: object) -> bool:
         """Forget one client's count (its next document is checked at 0); True if it had one."""
@@ -153,10 +137,18 @@ class PriorityRouter:
         except Exception as exc:
             self._breaker.failure(exc)
             return Decision(client_id, None, self.config.default_priority, Reason.FAIL_OPEN)
-        if self._metrics is not None:
-            self._metrics.counter_seconds.observe(time.perf_counter() - started)
+        if self.metrics is not None:
+            self.metrics.counter_seconds.observe(time.perf_counter() - started)
         self._breaker.success()
         return Decision(client_id, pending, self.policy.priority_for(pending))
+
+    def state(self, client_id: object) -> CounterState:
+        """What the counter store holds for one client (count and time to its reset)."""
+        client = self._client(client_id)
+        try:
+            return self.counter.read(client)
+        except (redis.RedisError, OSError) as exc:
+            raise CounterUnavailable(f"could not read {client!r}: {exc}") from exc
 
     @staticmethod
     def _client(client_id: object) -> str:
@@ -176,21 +168,28 @@ class PriorityRouter:
         the workers' app.  Installing the same router twice is a no-op; other Celery apps
         in the process are left untouched.
         """
-        receiver = install_router(self, app)
-        if self._metrics is not None:
-            receiver.on_decision = self._metrics.record_decision
-            watch_queue_wait(app, self._metrics, self.config.metrics_port)
-        elif self.config.metrics_port is not None:
-            serve(self.config.metrics_port)  # raises: the extra is missing
-        return receiver
+        return install_router(self, app)
 
     def uninstall(self, app: Celery) -> None:
-        """Stop routing ``app``'s publishes (settings already applied stay)."""
-        if uninstall_router(self, app):
-            unwatch(app)
+        """Undo :meth:`install`: ``app`` publishes as plain Celery does (the settings
+        already merged into its configuration stay)."""
+        uninstall_router(self, app)
 
 
 def installed_router(app: Celery) -> PriorityRouter | None:
     """The router installed on ``app``, if any."""
-    receiver = receiver_of(app)
-    return receiver.router if receiver is not None else None
+    router: PriorityRouter | None = router_of(app)
+    return router
+
+
+def _metrics_for(config: RouterConfig) -> RouterMetrics | None:
+    if not config.metrics and config.metrics_port is None:
+        return None
+    metrics = get_metrics()
+    if metrics is None:
+        raise ConfigurationError(
+            "metrics" if config.metrics else "metrics_port",
+            "prometheus_client is not installed",
+            "pip install 'priority-router[metrics]', or leave metrics off",
+        )
+    return metrics

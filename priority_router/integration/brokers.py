@@ -12,7 +12,7 @@ from enum import Enum
 from celery import Celery
 
 from ..errors import ConfigurationError
-from ..policy import LEAST_URGENT, MOST_URGENT
+from ..policy import LEAST_URGENT, MOST_URGENT, is_priority
 from ..redact import redact_url
 
 
@@ -41,7 +41,7 @@ AMQP_MAX_PRIORITY = 10
 
 def to_wire(logical: int, transport: Transport) -> int:
     """The message ``priority`` property for a logical priority on ``transport``."""
-    if not MOST_URGENT <= logical <= LEAST_URGENT:
+    if not is_priority(logical):
         raise ValueError(f"logical priority {logical!r} is outside 1..9")
     if transport is Transport.AMQP:
         return AMQP_MAX_PRIORITY - logical

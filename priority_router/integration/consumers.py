@@ -49,14 +49,16 @@ def blind_workers(
 
     None when no worker answered the inspection within ``timeout`` seconds.
     """
-    inspect = app.control.inspect(timeout=timeout)
-    active: dict[str, list[dict[str, Any]]] = inspect.active_queues() or {}
+    # An explicit connection, closed here: a pooled one could outlive a closed app.
+    with app.connection_for_write() as conn:
+        inspect = app.control.inspect(timeout=timeout, connection=conn)
+        active: dict[str, list[dict[str, Any]]] = inspect.active_queues() or {}
+        confs: dict[str, dict[str, Any]] = {}
+        if active and transport is Transport.REDIS:
+            confs = inspect.conf(with_defaults=False) or {}
     if not active:
         return None
     wanted = None if queues is None else set(queues)
-    confs: dict[str, dict[str, Any]] = {}
-    if transport is Transport.REDIS:
-        confs = inspect.conf(with_defaults=False) or {}
     found = []
     for worker, consumed in sorted(active.items()):
         for queue in consumed or ():

@@ -1,8 +1,9 @@
 """Installing a router on a Celery app, whatever order the app is configured in.
 
-``install(app)`` reads nothing of the app's configuration.  The settings priorities need,
-the broker transport and the queues are worked out from the configuration the app
-finally has ("settling"), at each of these moments:
+``install(app)`` reads nothing of the app's configuration.  The router's own
+``priority_router_*`` settings, the settings priorities need, the broker transport and the
+queues are worked out from the configuration the app finally has ("settling"), at each of
+these moments:
 
 - when Celery loads or reloads the configuration (``app.on_after_configure``; at once if
   the app is already configured);
@@ -13,6 +14,9 @@ finally has ("settling"), at each of these moments:
 A setting the user chose is kept and a warning names its cost, once.  A broker the
 router cannot drive is refused at once if it is known at ``install()``; when it is only
 known later, the router says so once, loudly, and leaves that app's publishes alone.
+
+``uninstall(app)`` undoes each step: after it the app publishes exactly as plain Celery
+does, and nothing of the router keeps the app alive.
 """
 
 from __future__ import annotations
@@ -20,12 +24,14 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from celery import Celery
 from celery.signals import before_task_publish, celeryd_init, task_received, worker_init
 
 from .. import headers as H
+from ..config import celery_values
 from ..errors import ConfigurationError
 from .brokers import Transport, transport_of
 from .celery_settings import apply_priority_settings
@@ -33,17 +39,30 @@ from .consumers import ConsumerWatch
 from .publish import PublishReceiver
 from .rabbitmq import QUORUM_PRIORITIES, check_worker_queues, prepare_priority_queues
 from .sender import publishing_app, unwrap_sender, wrap_sender
+from .worker import unwatch, watch_queue_wait
 
 if TYPE_CHECKING:
     from ..router import PriorityRouter
 
 logger = logging.getLogger("priority_router")
 
-_installed: weakref.WeakKeyDictionary[Celery, PublishReceiver] = weakref.WeakKeyDictionary()
-_watches: weakref.WeakKeyDictionary[Celery, ConsumerWatch] = weakref.WeakKeyDictionary()
-_warned: weakref.WeakKeyDictionary[Celery, set[str]] = weakref.WeakKeyDictionary()
-_lock = threading.RLock()
 _UID = "priority_router"
+
+
+@dataclass
+class Installation:
+    """What ``install`` set up on one app, so that ``uninstall`` can take it all down."""
+
+    router: PriorityRouter
+    receiver: PublishReceiver
+    watch: ConsumerWatch | None = None
+    #: Warnings already given for this app (each is said once).
+    warned: set[str] = field(default_factory=set)
+    in_worker: bool = False
+
+
+_installed: weakref.WeakKeyDictionary[Celery, Installation] = weakref.WeakKeyDictionary()
+_lock = threading.RLock()
 
 
 def install(router: PriorityRouter, app: Celery) -> PublishReceiver:
@@ -51,26 +70,35 @@ def install(router: PriorityRouter, app: Celery) -> PublishReceiver:
         existing = _installed.get(app)
         if existing is not None:
             if existing.router is router:
-                return existing
+                return existing.receiver
             raise ConfigurationError(
                 "install",
                 f"{app!r} already has another PriorityRouter installed",
                 "install one router per app, or call uninstall(app) on the other first",
             )
-        receiver = PublishReceiver(router, app, settle)
-        _installed[app] = receiver
-        _warned[app] = set()
-        interval = router.config.consumer_check_interval
-        if interval > 0:
-            watch = ConsumerWatch(app, receiver.queues_seen, interval)
-            _watches[app] = watch
-            receiver.on_publish = watch.published
+        metrics = router.metrics
+        receiver = PublishReceiver(
+            app,
+            router.decide,
+            router.config,
+            settle,
+            on_decision=metrics.record_decision if metrics is not None else None,
+        )
+        installation = Installation(router, receiver)
+        if router.config.consumer_check_interval > 0:
+            installation.watch = ConsumerWatch(
+                app, receiver.queues_seen, router.config.consumer_check_interval
+            )
+            receiver.on_publish = installation.watch.published
+        _installed[app] = installation
         _connect_signals()
         app.on_after_configure.connect(_on_configure, weak=False, dispatch_uid=_UID)
         wrap_sender(app, _on_sender_built)
+        if metrics is not None:
+            watch_queue_wait(app, metrics, router.config.metrics_port)
         if app.configured:
             try:
-                _settle(app, receiver)
+                _settle(app, installation)
             except ConfigurationError:
                 uninstall(router, app)
                 raise
@@ -80,34 +108,40 @@ def install(router: PriorityRouter, app: Celery) -> PublishReceiver:
 def uninstall(router: PriorityRouter, app: Celery) -> bool:
     """Undo :func:`install`; False when ``router`` was not installed on ``app``."""
     with _lock:
-        receiver = _installed.get(app)
-        if receiver is None or receiver.router is not router:
+        installation = _installed.get(app)
+        if installation is None or installation.router is not router:
             return False
         del _installed[app]
-        watch = _watches.pop(app, None)
-        if watch is not None:
-            watch.stop()
+        if installation.watch is not None:
+            installation.watch.stop()
+        unwatch(app)
         app.on_after_configure.disconnect(dispatch_uid=_UID)
         unwrap_sender(app)
         return True
 
 
-def receiver_of(app: Celery) -> PublishReceiver | None:
-    return _installed.get(app)
+def router_of(app: Celery) -> PriorityRouter | None:
+    installation = _installed.get(app)
+    return installation.router if installation is not None else None
 
 
-def settle(app: Celery, receiver: PublishReceiver) -> Transport | None:
+def settle(app: Celery) -> Transport | None:
     """Settle for the configuration ``app`` has now; None (said once) when it cannot be routed."""
+    installation = _installed.get(app)
+    if installation is None:
+        return None
     try:
-        return _settle(app, receiver)
+        return _settle(app, installation)
     except ConfigurationError as exc:
-        _unroutable(app, receiver, exc)
+        _unroutable(app, installation.receiver, exc)
         return None
 
 
-def _settle(app: Celery, receiver: PublishReceiver) -> Transport:
+def _settle(app: Celery, installation: Installation) -> Transport:
+    router, receiver, warned = installation.router, installation.receiver, installation.warned
+    if router.follow(celery_values(app.conf)):
+        receiver.use(router.config)
     transport = transport_of(app)
-    warned = _warned.setdefault(app, set())
     apply_priority_settings(app, transport, warned)
     if transport is Transport.AMQP:
         quorum = prepare_priority_queues(app)
@@ -123,9 +157,8 @@ def _settle(app: Celery, receiver: PublishReceiver) -> Transport:
     receiver.default_wire = int(default) if str(default).isdigit() else None
     receiver.transport = transport
     receiver.unroutable = None
-    watch = _watches.get(app)
-    if watch is not None:
-        watch.transport = transport
+    if installation.watch is not None:
+        installation.watch.transport = transport
     return transport
 
 
@@ -145,30 +178,27 @@ def _unroutable(app: Celery, receiver: PublishReceiver, exc: ConfigurationError)
 
 
 def _on_configure(sender: Celery | None = None, **_: Any) -> None:
-    receiver = _installed.get(sender) if sender is not None else None
-    if sender is not None and receiver is not None:
-        settle(sender, receiver)
+    if sender is not None:
+        settle(sender)
 
 
 def _on_sender_built(app: Celery) -> None:
-    receiver = _installed.get(app)
-    if receiver is not None:
-        settle(app, receiver)
+    settle(app)
 
 
 def _on_worker_starting(sender: Any = None, instance: Any = None, **_: Any) -> None:
     app = getattr(instance, "app", None)
-    receiver = _installed.get(app) if app is not None else None
-    if receiver is not None:
-        _settle_worker(app, receiver)
+    installation = _installed.get(app) if app is not None else None
+    if app is not None and installation is not None:
+        _settle_worker(app, installation)
 
 
 def _on_worker_init(sender: Any = None, **_: Any) -> None:
     app = getattr(sender, "app", None)
-    receiver = _installed.get(app) if app is not None else None
-    if app is None or receiver is None:
+    installation = _installed.get(app) if app is not None else None
+    if app is None or installation is None:
         return
-    transport = _settle_worker(app, receiver)
+    transport = _settle_worker(app, installation)
     wanted = app.conf.worker_prefetch_multiplier
     if getattr(sender, "prefetch_multiplier", wanted) != wanted:
         # The worker read its settings before this point (workers started from code
@@ -178,11 +208,11 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
         check_worker_queues(app, prepare_priority_queues(app))
 
 
-def _settle_worker(app: Celery, receiver: PublishReceiver) -> Transport:
-    receiver.in_worker = True
-    receiver.on_publish = None  # workers do not inspect other workers
+def _settle_worker(app: Celery, installation: Installation) -> Transport:
+    installation.in_worker = True
+    installation.receiver.on_publish = None  # workers do not inspect other workers
     try:
-        return _settle(app, receiver)
+        return _settle(app, installation)
     except ConfigurationError as exc:
         logger.critical("priority-router: %s", exc)
         raise SystemExit(f"priority-router: {exc}") from None
@@ -190,25 +220,20 @@ def _settle_worker(app: Celery, receiver: PublishReceiver) -> Transport:
 
 def _on_publish(**kwargs: Any) -> None:
     app = publishing_app.get()
-    if app is None:
-        return
-    receiver = _installed.get(app)
-    if receiver is not None:
-        receiver(**kwargs)
+    installation = _installed.get(app) if app is not None else None
+    if installation is not None:
+        installation.receiver(**kwargs)
 
 
 def _on_task_received(sender: Any = None, request: Any = None, **_: Any) -> None:
     app = getattr(request, "app", None)
-    receiver = _installed.get(app) if app is not None else None
-    if receiver is None:
-        return
-    warned = _warned.setdefault(app, set())
-    if "unpriced" in warned:
+    installation = _installed.get(app) if app is not None else None
+    if installation is None or "unpriced" in installation.warned:
         return
     headers = getattr(request, "request_dict", None) or {}
     if H.REASON in headers:
         return
-    warned.add("unpriced")
+    installation.warned.add("unpriced")
     queue = (getattr(request, "delivery_info", None) or {}).get("routing_key")
     logger.warning(
         "priority-router: task %s (id %s) arrived on queue %r without a priority-router decision: "
@@ -225,6 +250,8 @@ _connected = False
 
 
 def _connect_signals() -> None:
+    # Module-level receivers, connected once: they hold no app or router, so neither is
+    # kept alive by Celery's process-wide signals.
     global _connected
     if _connected:
         return

@@ -21,19 +21,20 @@ import logging
 import time
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeGuard
+from typing import TYPE_CHECKING, Any
 
 from celery import Celery
 
 from .. import headers as H
 from ..decision import Decision, Reason
+from ..policy import is_priority
 from ..store.keys import normalize_client_id
 from .brokers import Transport, logical_from_wire, to_wire
 from .flower import annotate_kwargsrepr
 from .sender import publishing_app, republishing
 
 if TYPE_CHECKING:
-    from ..router import PriorityRouter
+    from ..config import RouterConfig
 
 logger = logging.getLogger("priority_router")
 
@@ -41,41 +42,46 @@ logger = logging.getLogger("priority_router")
 MAX_HEADER_ID = 1024
 
 
+#: ``decide(client_id)``: count one document and price it (never raises).
+Decide = Callable[[str], Decision]
+#: ``settle(app)``: settle on the app's configuration now; the transport, or None.
+Settle = Callable[[Celery], "Transport | None"]
+
+
 class PublishReceiver:
     """Routes one app's publishes; created by ``install`` and called for each publish."""
 
     def __init__(
         self,
-        router: PriorityRouter,
         app: Celery,
-        settle: Callable[[Celery, PublishReceiver], Transport | None],
+        decide: Decide,
+        config: RouterConfig,
+        settle: Settle,
+        on_decision: Callable[[Decision], None] | None = None,
     ) -> None:
-        self.router = router
         self._app = weakref.ref(app)
+        self._decide = decide
         self._settle = settle
-        cfg = router.config
-        self._patterns = cfg.tasks
-        self._header = cfg.client_id_header
-        self._kwarg = cfg.client_id_kwarg
-        self._getter = cfg.client_id_getter
-        self._annotate = cfg.flower_kwargsrepr
-        self._default_priority = cfg.default_priority
+        self.on_decision = on_decision
+        self.use(config)
         #: Set by ``settle`` once the app's final configuration is known.
         self.transport: Transport | None = None
         #: The app's ``task_default_priority`` (a wire value), if it sets one.
         self.default_wire: int | None = None
         #: Why this app's publishes cannot be routed (logged once), if they cannot.
         self.unroutable: str | None = None
-        #: True inside a worker process (set at worker start).
-        self.in_worker = False
         #: Queues (routing keys) this process published documents to.
         self.queues_seen: set[str] = set()
-        self.on_decision: Callable[[Decision], None] | None = None
         self.on_publish: Callable[[], None] | None = None
 
-    @property
-    def app(self) -> Celery | None:
-        return self._app()
+    def use(self, config: RouterConfig) -> None:
+        """Take these settings (the router's, after it followed the app's configuration)."""
+        self._patterns = config.tasks
+        self._header = config.client_id_header
+        self._kwarg = config.client_id_kwarg
+        self._getter = config.client_id_getter
+        self._annotate = config.flower_kwargsrepr
+        self._default_priority = config.default_priority
 
     def __call__(
         self,
@@ -95,7 +101,7 @@ class PublishReceiver:
         if transport is None:
             if self.unroutable is not None:
                 return
-            transport = self._settle(app, self)
+            transport = self._settle(app)
             if transport is None:
                 return
         try:
@@ -153,7 +159,7 @@ class PublishReceiver:
             if inherited is not None:
                 return inherited
             return Decision(None, None, self._default_priority, Reason.NO_CLIENT)
-        return self.router.decide(client)
+        return self._decide(client)
 
     def _stamp(
         self,
@@ -218,15 +224,11 @@ class PublishReceiver:
             return None
         request = parent.request
         priority = getattr(request, H.PRIORITY, None)
-        if not _is_logical(priority):
+        if not is_priority(priority):
             return None
         client = normalize_client_id(getattr(request, self._header, None))
         pending = getattr(request, H.PENDING, None)
         return Decision(client, pending if _is_count(pending) else None, priority, Reason.INHERITED)
-
-
-def _is_logical(value: object) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 9
 
 
 def _is_count(value: object) -> bool:
@@ -235,7 +237,7 @@ def _is_count(value: object) -> bool:
 
 def _inherited_from_headers(headers: dict[str, Any], client_header: str) -> Decision | None:
     priority = headers.get(H.PRIORITY)
-    if not _is_logical(priority):
+    if not is_priority(priority):
         return None
     pending = headers.get(H.PENDING)
     return Decision(

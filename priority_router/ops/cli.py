@@ -210,7 +210,7 @@ def inspect(ctx: click.Context, client: str, as_json: bool, app_name: str | None
     """One client's pending count and priority (read-only)."""
     router = _router(ctx, app_name)
     try:
-        state = router.counter.read(router._client(client))
+        state = router.state(client)
     except ValueError as exc:
         _fail(str(exc), 2)
     except Exception as exc:

@@ -31,7 +31,7 @@ from ..integration.rabbitmq import (
 )
 from ..redact import redact_url
 from ..router import installed_router
-from ..store.counter import _glob_escape
+from ..store.keys import glob_escape
 
 #: kombu before 5.4 drops a message's priority when it restores an unacked message.
 MIN_KOMBU = (5, 4)
@@ -192,7 +192,7 @@ def _check_stranded(app: Celery, transport: Transport) -> Iterator[Finding]:
         # A plain client on kombu's pool: kombu's own one prefixes keys a second time.
         client = redis.Redis(connection_pool=channel.client.connection_pool)
         for name in sorted(names):
-            pattern = _glob_escape(prefix + name) + "*"
+            pattern = glob_escape(prefix + name) + "*"
             for key in client.scan_iter(match=pattern, count=500, _type="list"):
                 text = key.decode(errors="replace") if isinstance(key, bytes) else key
                 rest = text[len(prefix + name) :]

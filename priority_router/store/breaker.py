@@ -31,10 +31,6 @@ class CircuitBreaker:
         self._open_until: float | None = None
         self._outage_started: float | None = None
 
-    @property
-    def is_open(self) -> bool:
-        return self._open_until is not None
-
     def allow(self) -> bool:
         if self._open_until is None:
             return True

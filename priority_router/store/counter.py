@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import redis
 
-from .keys import client_id_from_key, client_key
+from .keys import client_id_from_key, client_key, glob_escape
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class Counter:
         self._redis = client
         self._prefix = prefix
         self._interval_ms = max(1, round(reset_interval * 1000))
-        self._pattern = _glob_escape(prefix) + "{*}"
+        self._pattern = glob_escape(prefix) + "{*}"
 
     @property
     def reset_interval_ms(self) -> int:
@@ -51,7 +51,7 @@ class Counter:
         return client_key(self._prefix, client_id)
 
     def check(self, client_id: str) -> int:
-        """One counted submission (SPEC.md "One check"); returns the new pending count."""
+        """One counted submission (docs/scheme.md, "One check"); returns the new pending count."""
         key = self.key(client_id)
         with self._redis.pipeline(transaction=True) as pipe:
             pipe.incr(key)
@@ -110,7 +110,3 @@ class Counter:
             if raw is None or client_id is None:
                 continue
             yield CounterState(client_id, 1 - int(raw), key, ttl if ttl >= 0 else None)
-
-
-def _glob_escape(text: str) -> str:
-    return "".join("\\" + ch if ch in "*?[]\\" else ch for ch in text)

@@ -60,3 +60,8 @@ def client_id_from_key(prefix: str, key: str) -> str | None:
     if token.startswith(_HASH_MARK):
         return token
     return unquote_to_bytes(token).decode("utf-8", "backslashreplace")
+
+
+def glob_escape(text: str) -> str:
+    """``text`` with Redis glob characters escaped, for SCAN's MATCH."""
+    return "".join("\\" + ch if ch in "*?[]\\" else ch for ch in text)

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import pytest
 from celery import Celery
+from support.services import close_app
 
 from workers.app import create_app
 
@@ -29,6 +30,9 @@ def worker_env(broker_url: str, redis_server_url: str, key_prefix: str) -> dict[
         "PRIORITY_ROUTER_REDIS_URL": redis_server_url + "/13",
         "PRIORITY_ROUTER_KEY_PREFIX": key_prefix,
         "WORKER_INCLUDE": "worker_tasks",
+        # The publisher's background check for blind workers is tested on its own
+        # (test_deployment_shapes); elsewhere it would only add broadcasts between tests.
+        "PRIORITY_ROUTER_CONSUMER_CHECK_INTERVAL": "0",
     }
 
 
@@ -45,4 +49,4 @@ def producer(worker_env: dict[str, str]) -> Callable[[], Celery]:
     for app in apps:
         with app.connection_for_write() as conn, contextlib.suppress(Exception):
             conn.default_channel.queue_delete(worker_env["DOCUMENT_QUEUE"])
-        app.close()
+        close_app(app)

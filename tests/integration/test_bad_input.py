@@ -8,6 +8,7 @@ from typing import Any
 import redis
 from celery import Celery
 from support.broker import drain
+from support.services import close_app
 
 from priority_router import PriorityRouter
 from priority_router import headers as H
@@ -39,7 +40,7 @@ def test_every_odd_id_publishes_and_stays_its_own_client(
             app.send_task("workers.hold_document", kwargs={"client_id": value, "document_id": "d"})
         messages = drain(app, queue, expected=len(COUNTED) + len(NOT_AN_ID))
     finally:
-        app.close()
+        close_app(app)
 
     assert len(messages) == len(COUNTED) + len(NOT_AN_ID)
     assert all(m.properties["priority"] is not None for m in messages)
@@ -70,6 +71,6 @@ def test_a_getter_returning_undecodable_bytes(
         messages = drain(app, worker_env["DOCUMENT_QUEUE"])
     finally:
         router.uninstall(app)
-        app.close()
+        close_app(app)
     assert sorted(m.headers[H.PENDING] for m in messages) == [-2, -1, 0]
     assert router.peek(b"\xff\xfe-client").pending == -2

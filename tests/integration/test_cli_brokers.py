@@ -17,6 +17,7 @@ from amqp.exceptions import NotFound
 from celery import Celery
 from click.testing import CliRunner
 from kombu import Connection, Queue
+from support.services import close_app
 
 from priority_router.ops.cli import main
 
@@ -66,7 +67,7 @@ def _purge(app: Celery) -> None:
         for queue in app.amqp.queues.values():
             with contextlib.suppress(Exception):
                 queue.bind(conn.default_channel).delete()
-    app.close()
+    close_app(app)
 
 
 def _app(name: str) -> Celery:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from celery import Celery
 from click.testing import CliRunner
-from support.services import Worker, running_worker
+from support.services import Worker, close_app, running_worker
 
 from priority_router.ops.cli import main
 from priority_router.router import installed_router
@@ -41,7 +41,9 @@ def load(worker_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterato
             monkeypatch.setenv(key, value)
         # Fresh app modules; task modules stay imported, as shared tasks join every new app.
         for name in [m for m in sys.modules if m.startswith("shapes.") and m.endswith(_APP_MODULES)]:
-            del sys.modules[name]
+            stale = getattr(sys.modules.pop(name), "app", None)
+            if isinstance(stale, Celery) and stale not in apps:
+                close_app(stale)  # loaded by a CLI run (-A), not by this fixture
             parent, _, child = name.rpartition(".")
             # ``-A shapes.x`` finds x as an attribute of the package before importing it.
             with contextlib.suppress(KeyError, AttributeError):
@@ -57,7 +59,7 @@ def load(worker_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterato
             router.uninstall(app)
         with contextlib.suppress(Exception), app.connection_for_write() as conn:
             conn.default_channel.queue_delete(worker_env["DOCUMENT_QUEUE"])
-        app.close()
+        close_app(app)
 
 
 def _started_order(results: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from celery import Celery
 from support.broker import drain
-from support.services import EmbeddedRedis, Worker, free_port, running_worker, start_embedded_redis
+from support.services import EmbeddedRedis, Worker, close_app, free_port, running_worker, start_embedded_redis
 
 from priority_router import DOCBITS_THRESHOLDS, PriorityRouter, Transport, from_wire
 from priority_router import headers as H
@@ -57,7 +57,7 @@ def app_for(worker_env: dict[str, str]) -> Iterator[Callable[[str], Celery]]:
 
     yield make
     for app, _ in apps:
-        app.close()
+        close_app(app)
 
 
 @pytest.fixture

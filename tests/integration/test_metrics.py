@@ -9,10 +9,16 @@ from pathlib import Path
 import pytest
 from celery import Celery
 from prometheus_client.parser import text_string_to_metric_families
-from support.services import free_port, running_worker
+from support.services import close_app, free_port, running_worker
 
 from priority_router.integration.metrics import serve
 from workers.app import create_app
+
+
+@pytest.fixture(autouse=True)
+def metrics_on(worker_env: dict[str, str]) -> None:
+    """Metrics are opt-in: these publishers and workers ask for them."""
+    worker_env["PRIORITY_ROUTER_METRICS"] = "true"
 
 
 def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -54,7 +60,7 @@ def test_publisher_counts_assignments_and_counter_round_trips(
     down = create_app({**worker_env, "PRIORITY_ROUTER_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"})
     for n in range(3):
         down.send_task("workers.hold_document", ("acme", f"x{n}", 0), headers={"client_id": "acme"})
-    down.close()
+    close_app(down)
     final = scrape(url)
     assert (
         value(final, "priority_router_fail_open_total") - value(after, "priority_router_fail_open_total") == 3

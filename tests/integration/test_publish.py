@@ -8,6 +8,7 @@ from typing import Any
 
 from celery import Celery
 from support.broker import drain
+from support.services import close_app
 
 from priority_router import PriorityRouter, Transport, from_wire
 from priority_router import headers as H
@@ -64,7 +65,7 @@ def test_other_app_in_the_same_process_is_untouched(
         plain_messages = drain(plain, plain_queue)
         routed_messages = drain(routed, worker_env["DOCUMENT_QUEUE"])
     finally:
-        plain.close()
+        close_app(plain)
     assert len(plain_messages) == 2
     for m in plain_messages:
         assert not any(k.startswith("priority_router") for k in m.headers)
@@ -85,4 +86,4 @@ def test_task_always_eager_runs_tasks_in_process(worker_env: dict[str, str]) -> 
         result: Any = app.tasks["workers.process_document"].delay("acme", "e1", 1)
         assert result.get()["document_id"] == "e1"
     finally:
-        app.close()
+        close_app(app)

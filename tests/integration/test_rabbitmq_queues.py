@@ -10,7 +10,7 @@ import pytest
 from celery import Celery
 from kombu import Connection, Queue
 from support.broker import drain
-from support.services import ROOT, worker_command, worker_environment
+from support.services import ROOT, close_app, worker_command, worker_environment
 
 from priority_router import headers as H
 from priority_router.integration.rabbitmq import QueueNotPriorityError, verify_priority_queues
@@ -47,7 +47,7 @@ def test_verify_names_the_queue_and_both_ways_out(
     message = str(info.value)
     assert fifo_queue in message and "x-max-priority" in message
     assert "delete" in message and "new queue name" in message
-    app.close()
+    close_app(app)
 
 
 def test_worker_refuses_to_start_on_a_fifo_queue(
@@ -77,7 +77,7 @@ def test_fresh_queue_is_declared_as_priority_queue(amqp_url: str, redis_server_u
             Queue(queue, channel=conn.default_channel, queue_arguments={"x-max-priority": 10}).declare()
             conn.default_channel.queue_delete(queue)
     finally:
-        app.close()
+        close_app(app)
 
 
 def test_publishing_to_a_fifo_queue_still_delivers_and_says_so_once(
@@ -90,7 +90,7 @@ def test_publishing_to_a_fifo_queue_still_delivers_and_says_so_once(
             app.send_task("workers.hold_document", ("acme", f"d{n}", 0), headers={"client_id": "acme"})
         messages = drain(app, fifo_queue, expected=3)
     finally:
-        app.close()
+        close_app(app)
     assert sorted(m.headers[H.PENDING] for m in messages) == [-2, -1, 0]  # each counted once
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from celery import Celery
-from support.services import running_worker
+from support.services import close_app, running_worker
 
 
 def test_worker_refuses_pickle(producer: Callable[[], Celery], worker_env: dict[str, str]) -> None:
@@ -24,4 +24,4 @@ def test_worker_refuses_pickle(producer: Callable[[], Celery], worker_env: dict[
         log = worker.output()
     assert "ContentDisallowed" in log or "disallowed" in log.lower(), log
     assert app.AsyncResult(pickled.id).state == "PENDING"
-    attacker.close()
+    close_app(attacker)

@@ -157,3 +157,20 @@ def running_worker(env: Mapping[str, str], *args: str, app: str = "workers.app")
         yield worker
     finally:
         worker.stop()
+
+
+#: Apps the tests closed, kept referenced until the session ends (see close_app).
+_CLOSED_APPS: list[Any] = []
+
+
+def close_app(app: Any) -> None:
+    """``app.close()``, keeping the app referenced for the rest of the session.
+
+    Celery's close leaves sockets open (the result backend's pub/sub connection, pooled
+    broker connections).  Since the router no longer keeps apps alive, a closed app is
+    garbage-collected at some later point, and its sockets then raise ResourceWarning
+    (an error here) in whichever unrelated test is running.  The library's own part,
+    that an app can be collected at all, is tested in tests/unit/test_install.py.
+    """
+    app.close()
+    _CLOSED_APPS.append(app)

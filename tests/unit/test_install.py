@@ -1,6 +1,10 @@
 from __future__ import annotations
 
+import gc
 import logging
+import subprocess
+import sys
+import weakref
 
 import fakeredis
 import pytest
@@ -66,7 +70,7 @@ def test_amqp_app_gets_priority_queues() -> None:
 def test_install_is_idempotent_and_uninstall_restores_plain_celery() -> None:
     app = Celery("a", broker="redis://127.0.0.1:1/0", set_as_current=False)
     plain_builder = app.amqp._create_task_sender
-    r = router()
+    r = PriorityRouter(redis_client=fakeredis.FakeRedis(), metrics=True)
     first = r.install(app)
     assert r.install(app) is first
     assert installed_router(app) is r
@@ -79,6 +83,37 @@ def test_install_is_idempotent_and_uninstall_restores_plain_celery() -> None:
     assert not hasattr(app.amqp.send_task_message, "__wrapped__")
     assert app.amqp._create_task_sender == plain_builder
     assert app.on_after_configure.receivers == []
+
+
+@pytest.mark.parametrize("uninstall", [True, False])
+def test_a_dropped_app_can_be_garbage_collected(uninstall: bool) -> None:
+    app = Celery("a", broker="redis://127.0.0.1:1/0", set_as_current=False)
+    r = PriorityRouter(redis_client=fakeredis.FakeRedis(), metrics=True)
+    r.install(app)
+    assert app.amqp.send_task_message.__wrapped__ is not None  # the sender is built and wrapped
+    if uninstall:
+        r.uninstall(app)
+    ref = weakref.ref(app)
+    del app
+    gc.collect()
+    assert ref() is None
+
+
+def test_metrics_are_opt_in() -> None:
+    code = (
+        "import fakeredis, prometheus_client\n"
+        "from celery import Celery\n"
+        "from priority_router import PriorityRouter\n"
+        "app = Celery('a', broker='redis://127.0.0.1:1/0')\n"
+        "router = PriorityRouter(redis_client=fakeredis.FakeRedis())\n"
+        "router.install(app)\n"
+        "assert router.metrics is None\n"
+        "names = [n for n in prometheus_client.REGISTRY._names_to_collectors if 'priority_router' in n]\n"
+        "assert not names, names\n"
+        "from celery.signals import task_prerun, worker_ready\n"
+        "assert not task_prerun.receivers and not worker_ready.receivers\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, timeout=60)
 
 
 def prerun_uids() -> set[str]:

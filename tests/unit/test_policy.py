@@ -33,7 +33,7 @@ def test_seed_table_boundaries(pending: int, priority: int) -> None:
 
 
 def test_worked_example_of_22_documents() -> None:
-    # SPEC.md: checks 1-3 -> 1, 4-5 -> 2, ... 16-21 -> 8, 22 -> 9; check n is at pending 1 - n.
+    # docs/scheme.md: checks 1-3 -> 1, 4-5 -> 2, ... 16-21 -> 8, 22 -> 9; check n is at pending 1 - n.
     got = [DOCBITS_THRESHOLDS.priority_for(1 - n) for n in range(1, 23)]
     assert got == [1, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7, 8, 8, 8, 8, 8, 8, 9]
 
@@ -72,7 +72,7 @@ def test_fallback_out_of_range() -> None:
 
 
 def _spec_priority(pending: int) -> int:
-    """SPEC.md's table, written out independently of the implementation."""
+    """The table of docs/scheme.md, written out independently of the implementation."""
     for limit, priority in ((-20, 9), (-14, 8), (-12, 7), (-10, 6), (-8, 5), (-6, 4), (-4, 3), (-2, 2)):
         if pending < limit:
             return priority
