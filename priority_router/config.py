@@ -164,6 +164,17 @@ def celery_values(conf: Mapping[str, Any]) -> dict[str, Any]:
     return found
 
 
+def unknown_celery_settings(conf: Mapping[str, Any]) -> list[str]:
+    """``priority_router_*`` keys in a Celery configuration that name no setting (typos)."""
+    known = {f.name for f in fields(RouterConfig)}
+    unknown = []
+    for key in conf:
+        lowered = str(key).lower()
+        if CELERY_PREFIX in lowered and lowered.split(CELERY_PREFIX, 1)[1] not in known:
+            unknown.append(str(key))
+    return sorted(unknown)
+
+
 def _parse(f: Field[Any], raw: str, where: str) -> Any:
     if f.type == "str" or f.metadata.get("not_text"):
         return raw

@@ -1,17 +1,12 @@
 from __future__ import annotations
 
 import os
-import sys
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import fakeredis
 import pytest
 import redis
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 from support.services import IN_CI, ensure_rabbitmq, redis_answers, start_embedded_redis
 
 REDIS_URL = os.environ.get("PRIORITY_ROUTER_TEST_REDIS_URL", "redis://127.0.0.1:6379")

@@ -31,7 +31,7 @@ from celery import Celery
 from celery.signals import before_task_publish, celeryd_init, task_received, worker_init
 
 from .. import headers as H
-from ..config import celery_values
+from ..config import celery_values, unknown_celery_settings
 from ..errors import ConfigurationError
 from .brokers import Transport, transport_of
 from .celery_settings import apply_priority_settings
@@ -141,6 +141,14 @@ def _settle(app: Celery, installation: Installation) -> Transport:
     router, receiver, warned = installation.router, installation.receiver, installation.warned
     if router.follow(celery_values(app.conf)):
         receiver.use(router.config)
+    typos = unknown_celery_settings(app.conf)
+    if typos and "typos" not in warned:
+        warned.add("typos")
+        logger.warning(
+            "priority-router ignores %s: no such setting. Fix: use one of the names in "
+            "RouterConfig (priority_router_reset_interval, priority_router_key_prefix, ...)",
+            ", ".join(typos),
+        )
     transport = transport_of(app)
     apply_priority_settings(app, transport, warned)
     if transport is Transport.AMQP:

@@ -236,3 +236,32 @@ def test_amqp_queues_declared_by_the_user_keep_their_arguments() -> None:
     queues = app.amqp.queues
     assert queues["mine"].queue_arguments == {"x-message-ttl": 60000, "x-max-priority": 10}
     assert queues["capped"].queue_arguments == {"x-max-priority": 10, "x-expires": 1000}
+
+
+def test_the_apps_celery_settings_configure_the_router(caplog: pytest.LogCaptureFixture) -> None:
+    class DjangoSettings:
+        CELERY_BROKER_URL = "redis://127.0.0.1:1/0"
+        CELERY_PRIORITY_ROUTER_KEY_PREFIX = "dj:"
+        CELERY_PRIORITY_ROUTER_RESET_INTERVAL = "900"  # read from the environment, say
+        CELERY_PRIORITY_ROUTER_DEFAULT_PRIORITY = 7
+        CELERY_PRIORITY_ROUTER_RESET_INTERVALL = 5
+
+    app = Celery("proj", set_as_current=False)
+    r = PriorityRouter(redis_client=fakeredis.FakeRedis(), default_priority=3)
+    r.install(app)  # before the configuration exists
+    with caplog.at_level(logging.WARNING, "priority_router"):
+        app.config_from_object(DjangoSettings, namespace="CELERY")
+        assert app.conf.broker_url
+    assert r.config.key_prefix == "dj:" and r.config.reset_interval == 900
+    assert r.config.default_priority == 3, "a setting given to the constructor wins"
+    assert r.counter.reset_interval_ms == 900_000
+    assert "CELERY_PRIORITY_ROUTER_RESET_INTERVALL" in caplog.text and "no such setting" in caplog.text
+
+
+def test_a_bad_celery_setting_names_itself() -> None:
+    app = Celery("proj", broker="redis://127.0.0.1:1/0", set_as_current=False)
+    app.conf.priority_router_reset_interval = -1
+    assert app.conf.broker_url
+    with pytest.raises(ConfigurationError) as info:
+        router().install(app)
+    assert "reset_interval" in str(info.value)
