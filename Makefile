@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint bench demo clean
+.PHONY: test lint bench demo celery-suite clean
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" || { echo "make: Python 3.10 or newer is needed (set PYTHON=...)"; exit 1; }
@@ -26,6 +26,12 @@ lint: $(STAMP)
 ## Plain Celery vs the router on a noisy-neighbour workload; writes demo-results.png.
 demo: $(STAMP)
 	$(BIN)/priority-router demo $(DEMO_ARGS)
+
+## Celery's own integration suite (canvas and tasks) with the router installed, against a
+## real worker on Redis and RabbitMQ; about 20 minutes per broker. SUITE=redis|amqp|both.
+SUITE ?= both
+celery-suite: $(STAMP)
+	bash tests/celery_suite/run.sh $(SUITE) $(SUITE_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python bench/counter_throughput.py
