@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import redis
@@ -106,10 +107,8 @@ class PriorityRouter:
         when ``client_id`` cannot be a client id (None, empty, a container).
         """
         client = self._client(client_id)
-        try:
+        with _store_errors("count", client):
             pending = self.counter.check(client)
-        except (redis.RedisError, OSError) as exc:
-            raise CounterUnavailable(f"could not count {client!r}: {exc}") from exc
         return Decision(client, pending, self.policy.priority_for(pending))
 
     def peek(self, client_id: object) -> Decision:
@@ -120,10 +119,8 @@ class PriorityRouter:
     def reset(self, client_id: object) -> bool:
         """Forget one client's count (its next document is checked at 0); True if it had one."""
         client = self._client(client_id)
-        try:
+        with _store_errors("reset", client):
             return self.counter.clear(client)
-        except (redis.RedisError, OSError) as exc:
-            raise CounterUnavailable(f"could not reset {client!r}: {exc}") from exc
 
     def decide(self, client_id: str) -> Decision:
         """Like :meth:`record`, but never raises: when the counter store fails the
@@ -145,10 +142,8 @@ class PriorityRouter:
     def state(self, client_id: object) -> CounterState:
         """What the counter store holds for one client (count and time to its reset)."""
         client = self._client(client_id)
-        try:
+        with _store_errors("read", client):
             return self.counter.read(client)
-        except (redis.RedisError, OSError) as exc:
-            raise CounterUnavailable(f"could not read {client!r}: {exc}") from exc
 
     @staticmethod
     def _client(client_id: object) -> str:
@@ -180,6 +175,15 @@ def installed_router(app: Celery) -> PriorityRouter | None:
     """The router installed on ``app``, if any."""
     router: PriorityRouter | None = router_of(app)
     return router
+
+
+@contextlib.contextmanager
+def _store_errors(what: str, client: str) -> Iterator[None]:
+    """Redis failures of an explicit counter call, as :class:`CounterUnavailable`."""
+    try:
+        yield
+    except (redis.RedisError, OSError) as exc:
+        raise CounterUnavailable(f"could not {what} {client!r}: {exc}") from exc
 
 
 def _metrics_for(config: RouterConfig) -> RouterMetrics | None:
