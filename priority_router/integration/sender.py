@@ -18,9 +18,8 @@ from the configuration the app has by then, and ``on_build`` runs at that moment
 
 from __future__ import annotations
 
-import contextlib
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
 
@@ -92,13 +91,3 @@ def _wrap(app: Celery, send: Callable[..., Any]) -> Callable[..., Any]:
             publishing_app.reset(token)
 
     return send_task_message
-
-
-@contextlib.contextmanager
-def publishing_as(app: Celery) -> Iterator[None]:
-    """Run a block as if ``app`` were publishing (for calling the receiver directly)."""
-    token = publishing_app.set(app)
-    try:
-        yield
-    finally:
-        publishing_app.reset(token)

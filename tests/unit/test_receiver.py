@@ -9,11 +9,11 @@ import fakeredis
 import pytest
 from celery import Celery
 from celery._state import _task_stack
+from support.publishing import publishing_as
 
 from priority_router import PriorityRouter
 from priority_router import headers as H
 from priority_router.integration.publish import PublishReceiver
-from priority_router.integration.sender import publishing_as
 
 
 @pytest.fixture
