@@ -69,6 +69,7 @@ def test_flower_shows_client_and_priority(
         assert beta_kwargs["priority_router_priority"] == 1
 
         query = urllib.parse.quote("kwargs:priority_router_client=acme")
+
         def search() -> dict[str, Any]:
             found: dict[str, Any] = flower.get(f"/api/tasks?search={query}")
             return found if set(acme) <= set(found) else {}
