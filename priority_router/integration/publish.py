@@ -178,11 +178,15 @@ class PublishReceiver:
             if properties.get("priority") is None:
                 properties["priority"] = to_wire(decision.priority, transport)
             return
-        kept = properties.get("priority")
-        if decision.reason in (Reason.EXPLICIT, Reason.INHERITED) and kept is not None:
-            pass  # the priority already on the message goes out unchanged
-        elif decision.reason is Reason.NO_CLIENT and isinstance(kept, int) and kept == self.default_wire:
-            decision = Decision(None, None, logical_from_wire(kept, transport), Reason.NO_CLIENT)
+        if self._chosen_wire(properties) is not None:
+            pass  # the caller's priority goes out unchanged
+        elif (
+            decision.reason is Reason.NO_CLIENT
+            and self.default_wire is not None
+            and (properties.get("priority") == self.default_wire)
+        ):
+            # The app's task_default_priority is what Celery already put on the message.
+            decision = Decision(None, None, logical_from_wire(self.default_wire, transport), Reason.NO_CLIENT)
         else:
             properties["priority"] = to_wire(decision.priority, transport)
         client = decision.client_id

@@ -232,3 +232,25 @@ def test_expires_does_not_become_a_rabbitmq_ttl(router: PriorityRouter) -> None:
     with publishing_as(amqp_app):
         receiver(sender="t", body=((), {}, {}), headers=message_headers, properties=properties)
     assert "expiration" not in properties and properties["priority"] == 5
+
+
+def test_a_child_inherits_its_parents_priority_not_the_app_default(router: PriorityRouter) -> None:
+    app = Celery("unit", broker="redis://127.0.0.1:1/0", set_as_current=False)
+    app.conf.task_default_priority = 5
+    receiver = router.install(app)
+    parent = _RunningTask(client_id="acme", priority_router_priority=2, priority_router_pending=-3)
+    _task_stack.push(parent)
+    try:
+        headers, properties = publish(receiver, app, headers={"parent_id": "p"}, priority=5)
+    finally:
+        _task_stack.pop()
+    assert properties["priority"] == 2 and headers[H.PRIORITY] == 2 and headers[H.REASON] == "inherited"
+
+
+def test_send_task_by_name_without_a_client_still_gets_a_priority(router: PriorityRouter) -> None:
+    app = Celery("unit", broker="redis://127.0.0.1:1/0", set_as_current=False)
+    app.conf.task_default_priority = 3
+    receiver = router.install(app)
+    # Celery puts the default only on tasks registered in the publishing app.
+    _, properties = publish(receiver, app, task="elsewhere.registered")
+    assert properties["priority"] == 5, "a message without a priority would be served first on Redis"
