@@ -59,6 +59,8 @@ class Installation:
     #: Warnings already given for this app (each is said once).
     warned: set[str] = field(default_factory=set)
     in_worker: bool = False
+    #: The app's ``priority_router_*`` settings the router last followed.
+    celery_settings: dict[str, Any] | None = None
 
 
 _installed: weakref.WeakKeyDictionary[Celery, Installation] = weakref.WeakKeyDictionary()
@@ -139,8 +141,21 @@ def settle(app: Celery) -> Transport | None:
 
 def _settle(app: Celery, installation: Installation) -> Transport:
     router, receiver, warned = installation.router, installation.receiver, installation.warned
-    if router.follow(celery_values(app.conf)):
-        receiver.use(router.config)
+    settings = celery_values(app.conf)
+    others = [i.celery_settings for a, i in list(_installed.items()) if i.router is router and a is not app]
+    if any(other is not None and other != settings for other in others):
+        if "clash" not in warned:
+            warned.add("clash")
+            logger.error(
+                "priority-router: one router is installed on apps whose priority_router_* settings "
+                "differ; it keeps those of the app it followed first, so %r is routed with "
+                "settings it did not ask for. Fix: create one PriorityRouter per app",
+                app,
+            )
+    else:
+        installation.celery_settings = settings
+        if router.follow(settings):
+            receiver.use(router.config)
     typos = unknown_celery_settings(app.conf)
     if typos and "typos" not in warned:
         warned.add("typos")

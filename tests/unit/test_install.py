@@ -265,3 +265,18 @@ def test_a_bad_celery_setting_names_itself() -> None:
     with pytest.raises(ConfigurationError) as info:
         router().install(app)
     assert "reset_interval" in str(info.value)
+
+
+def test_one_router_on_apps_with_different_settings_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    first = Celery("first", broker="redis://127.0.0.1:1/0", set_as_current=False)
+    first.conf.priority_router_reset_interval = 600
+    second = Celery("second", broker="redis://127.0.0.1:1/0", set_as_current=False)
+    second.conf.priority_router_reset_interval = 60
+    r = router()
+    r.install(first)
+    assert first.conf.broker_url and r.config.reset_interval == 600
+    with caplog.at_level(logging.ERROR, "priority_router"):
+        r.install(second)
+        assert second.conf.broker_url
+    assert r.config.reset_interval == 600
+    assert "one PriorityRouter per app" in caplog.text
