@@ -2,11 +2,15 @@
 
 usage: compare.py WITHOUT.xml WITH.xml [--broker redis|amqp] [--reruns N] [--no-rerun]
 
-Prints the tests that pass without the router and fail (or error) with it. Each such
-test is then run alone N times (default 2) with and N times without the router
-(``run.sh BROKER [--without-router] -- NODE_ID``); it counts as a router regression
-only when it fails every time with the router and passes every time without. Exit
-status: 1 when there is a regression, else 0 (2 for bad arguments).
+Prints the tests that pass without the router and fail (or error) with it, and the
+tests that passed with the router only after the suite's ``@flaky`` marker re-ran them
+while they passed at once without it (that marker re-runs on *any* failure: Celery
+passes it ``cause=``, which pytest-rerunfailures ignores, so it can hide a failure).
+Each such test is then run alone N times (default 2) with and N times without the
+router (``run.sh BROKER [--without-router] -- NODE_ID -p no:rerunfailures``: one attempt
+each); it counts as a router regression only when it fails every time with the router
+and passes every time without. Exit status: 1 when there is a regression, else 0 (2
+for bad arguments).
 """
 
 from __future__ import annotations
@@ -28,6 +32,12 @@ FAILED = ("failed", "error")
 
 def outcomes(path: Path) -> tuple[dict[str, str], str | None]:
     """node id -> passed/failed/error/skipped, and the broker named in the suite name."""
+    result, _, broker = report(path)
+    return result, broker
+
+
+def report(path: Path) -> tuple[dict[str, str], dict[str, int], str | None]:
+    """Outcomes, the number of attempts of each test, and the broker."""
     root = ET.parse(path).getroot()
     broker = None
     for suite in root.iter("testsuite"):
@@ -35,6 +45,7 @@ def outcomes(path: Path) -> tuple[dict[str, str], str | None]:
         if match:
             broker = match.group(1)
     result: dict[str, str] = {}
+    attempts: dict[str, int] = {}
     for case in root.iter("testcase"):  # one per rerun attempt: the last one counts
         kinds = {child.tag for child in case}
         if "error" in kinds:
@@ -45,8 +56,10 @@ def outcomes(path: Path) -> tuple[dict[str, str], str | None]:
             outcome = "skipped"
         else:
             outcome = "passed"
-        result[node_id(case.get("classname", ""), case.get("name", ""))] = outcome
-    return result, broker
+        node = node_id(case.get("classname", ""), case.get("name", ""))
+        result[node] = outcome
+        attempts[node] = attempts.get(node, 0) + 1
+    return result, attempts, broker
 
 
 def node_id(classname: str, name: str) -> str:
@@ -67,7 +80,8 @@ def rerun(broker: str, node: str, with_router: bool, attempt: int) -> str:
     mode = "router" if with_router else "baseline"
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", node.split("/")[-1])[:80]
     tag = f"rerun-{slug}-{attempt}"
-    cmd = [str(HERE / "run.sh"), broker, *([] if with_router else ["--without-router"]), "--", node]
+    mode_args = [] if with_router else ["--without-router"]
+    cmd = [str(HERE / "run.sh"), broker, *mode_args, "--", node, "-p", "no:rerunfailures"]
     env = dict(os.environ, CELERY_SUITE_TAG=tag)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     junit = HOME / "results" / f"{broker}-{mode}-{tag}.xml"
@@ -88,22 +102,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-rerun", action="store_true", help="report suspects without re-running them")
     args = parser.parse_args(argv)
 
-    base, broker_a = outcomes(args.without)
-    routed, broker_b = outcomes(args.with_)
+    base, base_tries, broker_a = report(args.without)
+    routed, routed_tries, broker_b = report(args.with_)
     broker = args.broker or broker_b or broker_a
     if broker is None:
         parser.error("cannot tell the broker from the reports: pass --broker")
 
-    suspects = sorted(n for n, o in routed.items() if o in FAILED and base.get(n) == "passed")
+    failing = sorted(n for n, o in routed.items() if o in FAILED and base.get(n) == "passed")
+    retried = sorted(
+        n
+        for n, o in routed.items()
+        if o == "passed" and routed_tries[n] > 1 and base.get(n) == "passed" and base_tries[n] == 1
+    )
+    suspects = failing + retried
     both = sorted(n for n, o in routed.items() if o in FAILED and base.get(n) in FAILED)
     fixed = sorted(n for n, o in routed.items() if o == "passed" and base.get(n) in FAILED)
     missing = sorted(set(base) ^ set(routed))
 
     print(f"broker: {broker}; without: {args.without} ({len(base)} tests)")
     print(f"with: {args.with_} ({len(routed)} tests)")
-    print(f"pass without the router, fail with it: {len(suspects)}")
-    for node in suspects:
+    print(f"pass without the router, fail with it: {len(failing)}")
+    for node in failing:
         print(f"  {node}: without={base[node]} with={routed[node]}")
+    print(f"pass at once without the router, only after @flaky re-runs with it: {len(retried)}")
+    for node in retried:
+        print(f"  {node}: {routed_tries[node]} attempts with the router")
     if both:
         print(f"fail in both runs (not counted): {len(both)}")
         for node in both:
@@ -113,14 +136,16 @@ def main(argv: list[str] | None = None) -> int:
         for node in fixed:
             print(f"  {node}")
     if missing:
-        print(f"in one report only (not counted): {', '.join(missing)}")
+        more = f", ... ({len(missing)} in all)" if len(missing) > 5 else ""
+        print(f"in one report only (not counted): {', '.join(missing[:5])}{more}")
 
     if args.no_rerun:
         return 1 if suspects else 0
 
     regressions = []
     if suspects:
-        print(f"\nre-running each suspect alone, {args.reruns}x with and {args.reruns}x without the router:")
+        print(f"\nre-running each suspect alone, {args.reruns}x with and {args.reruns}x without the router")
+        print("(one attempt each: -p no:rerunfailures):")
     for node in suspects:
         with_router = [rerun(broker, node, True, i + 1) for i in range(args.reruns)]
         without = [rerun(broker, node, False, i + 1) for i in range(args.reruns)]

@@ -8,9 +8,14 @@
 #   CELERY_SUITE_HOME   work dir (default /work/main/.celery-suite, git-ignored)
 #   CELERY_SUITE_TAG    suffix of the result files (default: none for a full run,
 #                       "partial-<time>" when extra pytest args are given)
-#   CELERY_SUITE_TIMEOUT  per-test timeout in seconds (default 300)
+#   CELERY_SUITE_TIMEOUT  per-test timeout in seconds (default 300). It is armed for each
+#                       attempt of the test function (timeout_func_only): with the whole-
+#                       protocol default, pytest-timeout arms one timer for all of the
+#                       @flaky re-runs, so a re-run that hangs is never stopped.
 #   REDIS_HOST/REDIS_PORT  the Redis for broker, backend and counter (127.0.0.1:6379)
 #   AMQP_URL            RabbitMQ (default amqp://guest:guest@127.0.0.1:5672//)
+#   CELERY_SUITE_ROUTER_SRC  a folder holding another priority_router/ to test (e.g. an
+#                       older commit: git archive REV priority_router | tar -x -C DIR)
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -195,7 +200,8 @@ PY
   # through pytest-celery, the Celery docs' other way is -p celery.contrib.pytest.
   local -a plugin_args=(-p celery.contrib.pytest)
   if [[ $with_router == 1 ]]; then
-    env_args+=(PYTHONPATH="$HERE" CELERY_SUITE_ROUTER_REDIS_URL="$REDIS_BASE/$ROUTER_DB")
+    env_args+=(PYTHONPATH="${CELERY_SUITE_ROUTER_SRC:+$CELERY_SUITE_ROUTER_SRC:}$HERE"
+      CELERY_SUITE_ROUTER_REDIS_URL="$REDIS_BASE/$ROUTER_DB")
     plugin_args+=(-p plugin)
   fi
   local -a selection=("${TEST_FILES[@]}")
@@ -205,7 +211,7 @@ PY
   done
 
   log "$broker/$mode: TEST_BROKER=$broker_url TEST_BACKEND=$REDIS_BASE/$BACKEND_DB" \
-    "router=$([[ $with_router == 1 ]] && echo "$REDIS_BASE/$ROUTER_DB celery-suite:" || echo off)" \
+    "router=$([[ $with_router == 1 ]] && echo "$REDIS_BASE/$ROUTER_DB(prefix celery-suite:)" || echo off)" \
     "log=$logfile"
   # The router is installed editable: record which state of priority_router/ this run used.
   local state
@@ -213,10 +219,13 @@ PY
   state+="+$( (git -C "$ROOT" diff HEAD -- priority_router; git -C "$ROOT" ls-files --others --exclude-standard \
     -z -- priority_router | xargs -0r cat) 2>/dev/null | sha1sum | cut -c1-10)"
   log "$broker/$mode: priority_router state $state (commit+hash of uncommitted changes)"
+  if [[ $with_router == 1 && -n ${CELERY_SUITE_ROUTER_SRC:-} ]]; then
+    log "$broker/$mode: priority_router imported from $CELERY_SUITE_ROUTER_SRC instead"
+  fi
   local start rc=0
   start=$(date +%s)
   (cd "$SDIST" && env -u PYTHONPATH "${env_args[@]}" "$VENV/bin/python" -m pytest "${plugin_args[@]}" \
-    -v -rfE -p no:cacheprovider --timeout="$TIMEOUT" \
+    -v -rfE -p no:cacheprovider --timeout="$TIMEOUT" -o timeout_func_only=true \
     --junitxml="$junit" -o junit_family=xunit2 -o junit_suite_name="celery-suite-$broker-$mode" \
     "${selection[@]}" "${extra[@]}") >"$logfile" 2>&1 || rc=$?
   local elapsed=$(($(date +%s) - start))
