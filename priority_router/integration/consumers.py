@@ -15,13 +15,16 @@ import threading
 import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from celery import Celery
 from kombu.transport.redis import PRIORITY_STEPS as KOMBU_PRIORITY_STEPS
 
 from ..policy import LEAST_URGENT, MOST_URGENT
 from .brokers import Transport, to_wire
+
+if TYPE_CHECKING:
+    from .publish import PublishReceiver
 
 logger = logging.getLogger("priority_router")
 
@@ -113,15 +116,15 @@ class ConsumerWatch:
 
     FIRST_CHECK = 5.0
 
-    def __init__(self, app: Celery, queues: set[str], interval: float) -> None:
+    def __init__(self, app: Celery, receiver: PublishReceiver, interval: float) -> None:
         self._app = weakref.ref(app)
-        self._queues = queues
+        # The receiver knows the transport the app settled on and the queues it published to.
+        self._receiver = receiver
         self._interval = interval
         self._published = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._warned: set[tuple[str, str]] = set()
-        self.transport: Transport | None = None
         _watches.add(self)
 
     def published(self) -> None:
@@ -154,10 +157,11 @@ class ConsumerWatch:
 
     def check(self) -> list[BlindWorker]:
         app = self._app()
-        if app is None or self.transport is None or self._stop.is_set():
+        transport = self._receiver.transport
+        if app is None or transport is None or self._stop.is_set():
             return []
         try:
-            found = blind_workers(app, self.transport, set(self._queues)) or []
+            found = blind_workers(app, transport, set(self._receiver.queues_seen)) or []
         except Exception:
             logger.debug("priority-router could not inspect the workers", exc_info=True)
             return []

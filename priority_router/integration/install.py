@@ -58,7 +58,8 @@ class Installation:
     watch: ConsumerWatch | None = None
     #: Warnings already given for this app (each is said once).
     warned: set[str] = field(default_factory=set)
-    in_worker: bool = False
+    #: Quorum queues among the app's queues, found when it last settled (RabbitMQ).
+    quorum_queues: list[str] = field(default_factory=list)
     #: The app's ``priority_router_*`` settings the router last followed.
     celery_settings: dict[str, Any] | None = None
 
@@ -88,9 +89,7 @@ def install(router: PriorityRouter, app: Celery) -> PublishReceiver:
         )
         installation = Installation(router, receiver)
         if router.config.consumer_check_interval > 0:
-            installation.watch = ConsumerWatch(
-                app, receiver.queues_seen, router.config.consumer_check_interval
-            )
+            installation.watch = ConsumerWatch(app, receiver, router.config.consumer_check_interval)
             receiver.on_publish = installation.watch.published
         _installed[app] = installation
         _connect_signals()
@@ -144,8 +143,7 @@ def _settle(app: Celery, installation: Installation) -> Transport:
     settings = celery_values(app.conf)
     others = [i.celery_settings for a, i in list(_installed.items()) if i.router is router and a is not app]
     if any(other is not None and other != settings for other in others):
-        if "clash" not in warned:
-            warned.add("clash")
+        if _first_time(warned, "clash"):
             logger.error(
                 "priority-router: one router is installed on apps whose priority_router_* settings "
                 "differ; it keeps those of the app it followed first, so %r is routed with "
@@ -157,8 +155,7 @@ def _settle(app: Celery, installation: Installation) -> Transport:
         if router.follow(settings):
             receiver.use(router.config)
     typos = unknown_celery_settings(app.conf)
-    if typos and "typos" not in warned:
-        warned.add("typos")
+    if typos and _first_time(warned, "typos"):
         logger.warning(
             "priority-router ignores %s: no such setting. Fix: use one of the names in "
             "RouterConfig (priority_router_reset_interval, priority_router_key_prefix, ...)",
@@ -167,22 +164,26 @@ def _settle(app: Celery, installation: Installation) -> Transport:
     transport = transport_of(app)
     apply_priority_settings(app, transport, warned)
     if transport is Transport.AMQP:
-        quorum = prepare_priority_queues(app)
-        if quorum and "quorum" not in warned:
-            warned.add("quorum")
+        installation.quorum_queues = quorum = prepare_priority_queues(app)
+        if quorum and _first_time(warned, "quorum"):
             logger.warning(
                 "priority-router: queues %s are quorum queues. %s", ", ".join(quorum), QUORUM_PRIORITIES
             )
-    elif transport is Transport.MEMORY and "memory" not in warned:
-        warned.add("memory")
+    elif transport is Transport.MEMORY and _first_time(warned, "memory"):
         logger.warning("the memory:// broker has no priorities; documents are counted but run in order")
     default = app.conf.task_default_priority
     receiver.default_wire = int(default) if str(default).isdigit() else None
     receiver.transport = transport
     receiver.unroutable = None
-    if installation.watch is not None:
-        installation.watch.transport = transport
     return transport
+
+
+def _first_time(warned: set[str], what: str) -> bool:
+    """True the first time ``what`` is to be said for an app (each warning is said once)."""
+    if what in warned:
+        return False
+    warned.add(what)
+    return True
 
 
 def _unroutable(app: Celery, receiver: PublishReceiver, exc: ConfigurationError) -> None:
@@ -228,11 +229,10 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
         # send no celeryd_init); the consumer is built from this attribute later.
         sender.prefetch_multiplier = int(wanted)
     if transport is Transport.AMQP:
-        check_worker_queues(app, prepare_priority_queues(app))
+        check_worker_queues(app, installation.quorum_queues)
 
 
 def _settle_worker(app: Celery, installation: Installation) -> Transport:
-    installation.in_worker = True
     installation.receiver.on_publish = None  # workers do not inspect other workers
     try:
         return _settle(app, installation)
@@ -254,9 +254,8 @@ def _on_task_received(sender: Any = None, request: Any = None, **_: Any) -> None
     if installation is None or "unpriced" in installation.warned:
         return
     headers = getattr(request, "request_dict", None) or {}
-    if H.REASON in headers:
+    if H.REASON in headers or not _first_time(installation.warned, "unpriced"):
         return
-    installation.warned.add("unpriced")
     queue = (getattr(request, "delivery_info", None) or {}).get("routing_key")
     logger.warning(
         "priority-router: task %s (id %s) arrived on queue %r without a priority-router decision: "
