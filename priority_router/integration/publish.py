@@ -104,13 +104,14 @@ class PublishReceiver:
             transport = self._settle(app)
             if transport is None:
                 return
+        chosen = self._chosen_wire(properties)
         try:
-            decision = self.decide(sender or "", body, headers, properties, transport)
+            decision = self.decide(sender or "", body, headers, chosen, transport)
         except Exception:
             logger.exception("priority-router could not route %s; using the default priority", sender)
             decision = Decision(None, None, self._default_priority, Reason.FAIL_OPEN)
         try:
-            self._stamp(decision, headers, properties, transport)
+            self._stamp(decision, headers, properties, chosen, transport)
         except Exception:
             logger.exception("priority-router could not stamp %s", sender)
             properties.setdefault("priority", to_wire(self._default_priority, transport))
@@ -124,12 +125,12 @@ class PublishReceiver:
         task_name: str,
         body: Any,
         headers: dict[str, Any],
-        properties: dict[str, Any],
+        chosen: int | None,
         transport: Transport,
     ) -> Decision:
+        """The decision for one publish; ``chosen`` is the caller's own wire priority, if any."""
         if not self._counts(task_name):
             return Decision(None, None, self._default_priority, Reason.NOT_COUNTED)
-        chosen = self._chosen_wire(properties)
         decision = self._count_or_inherit(task_name, body, headers)
         if chosen is None:
             return decision
@@ -166,6 +167,7 @@ class PublishReceiver:
         decision: Decision,
         headers: dict[str, Any],
         properties: dict[str, Any],
+        chosen: int | None,
         transport: Transport,
     ) -> None:
         if transport is Transport.AMQP and headers.get("expires") is not None:
@@ -178,7 +180,7 @@ class PublishReceiver:
             if properties.get("priority") is None:
                 properties["priority"] = to_wire(decision.priority, transport)
             return
-        if self._chosen_wire(properties) is not None:
+        if chosen is not None:
             pass  # the caller's priority goes out unchanged
         elif (
             decision.reason is Reason.NO_CLIENT
