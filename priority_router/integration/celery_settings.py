@@ -88,10 +88,18 @@ def _prefer_option(options: dict[str, Any], key: str, wanted: object, warned: se
         _warn_kept(f"broker_transport_options[{key!r}]", options[key], wanted, warned)
 
 
+def first_time(warned: set[str], what: str) -> bool:
+    """True the first time ``what`` is to be said for an app: each warning is said once,
+    however often the router settles on the app's configuration."""
+    if what in warned:
+        return False
+    warned.add(what)
+    return True
+
+
 def _warn_kept(setting: str, current: object, wanted: object, warned: set[str]) -> None:
-    if setting in warned:
+    if not first_time(warned, setting):
         return
-    warned.add(setting)
     base = setting.split("[")[-1].strip("'\"]") if "[" in setting else setting
     logger.warning(
         "priority-router keeps your %s=%r (it would set %r): %s",

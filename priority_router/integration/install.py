@@ -34,7 +34,7 @@ from .. import headers as H
 from ..config import celery_values, unknown_celery_settings
 from ..errors import ConfigurationError
 from .brokers import Transport, transport_of
-from .celery_settings import apply_priority_settings
+from .celery_settings import apply_priority_settings, first_time
 from .consumers import ConsumerWatch
 from .publish import PublishReceiver
 from .rabbitmq import QUORUM_PRIORITIES, check_worker_queues, prepare_priority_queues
@@ -143,7 +143,7 @@ def _settle(app: Celery, installation: Installation) -> Transport:
     settings = celery_values(app.conf)
     others = [i.celery_settings for a, i in list(_installed.items()) if i.router is router and a is not app]
     if any(other is not None and other != settings for other in others):
-        if _first_time(warned, "clash"):
+        if first_time(warned, "clash"):
             logger.error(
                 "priority-router: one router is installed on apps whose priority_router_* settings "
                 "differ; it keeps those of the app it followed first, so %r is routed with "
@@ -155,7 +155,7 @@ def _settle(app: Celery, installation: Installation) -> Transport:
         if router.follow(settings):
             receiver.use(router.config)
     typos = unknown_celery_settings(app.conf)
-    if typos and _first_time(warned, "typos"):
+    if typos and first_time(warned, "typos"):
         logger.warning(
             "priority-router ignores %s: no such setting. Fix: use one of the names in "
             "RouterConfig (priority_router_reset_interval, priority_router_key_prefix, ...)",
@@ -164,26 +164,18 @@ def _settle(app: Celery, installation: Installation) -> Transport:
     transport = transport_of(app)
     apply_priority_settings(app, transport, warned)
     if transport is Transport.AMQP:
-        installation.quorum_queues = quorum = prepare_priority_queues(app)
-        if quorum and _first_time(warned, "quorum"):
+        installation.quorum_queues = quorum = prepare_priority_queues(app, warned)
+        if quorum and first_time(warned, "quorum"):
             logger.warning(
                 "priority-router: queues %s are quorum queues. %s", ", ".join(quorum), QUORUM_PRIORITIES
             )
-    elif transport is Transport.MEMORY and _first_time(warned, "memory"):
+    elif transport is Transport.MEMORY and first_time(warned, "memory"):
         logger.warning("the memory:// broker has no priorities; documents are counted but run in order")
     default = app.conf.task_default_priority
     receiver.default_wire = int(default) if str(default).isdigit() else None
     receiver.transport = transport
     receiver.unroutable = None
     return transport
-
-
-def _first_time(warned: set[str], what: str) -> bool:
-    """True the first time ``what`` is to be said for an app (each warning is said once)."""
-    if what in warned:
-        return False
-    warned.add(what)
-    return True
 
 
 def _unroutable(app: Celery, receiver: PublishReceiver, exc: ConfigurationError) -> None:
@@ -254,7 +246,7 @@ def _on_task_received(sender: Any = None, request: Any = None, **_: Any) -> None
     if installation is None or "unpriced" in installation.warned:
         return
     headers = getattr(request, "request_dict", None) or {}
-    if H.REASON in headers or not _first_time(installation.warned, "unpriced"):
+    if H.REASON in headers or not first_time(installation.warned, "unpriced"):
         return
     queue = (getattr(request, "delivery_info", None) or {}).get("routing_key")
     logger.warning(

@@ -15,6 +15,7 @@ from celery import Celery
 
 from ..errors import ConfigurationError
 from .brokers import AMQP_MAX_PRIORITY
+from .celery_settings import first_time
 
 logger = logging.getLogger("priority_router")
 
@@ -48,11 +49,12 @@ def uses_quorum_queues(app: Celery) -> bool:
     return any(is_quorum(q) for q in (*declared, *(built.values() if built else ())))
 
 
-def prepare_priority_queues(app: Celery) -> list[str]:
+def prepare_priority_queues(app: Celery, warned: set[str]) -> list[str]:
     """Give the app's classic queues ``x-max-priority`` unless the user set one.
 
     Quorum queues are left alone: RabbitMQ refuses ``x-max-priority`` on them.  Works
     before and after Celery built ``app.amqp.queues``.  Returns the quorum queues' names.
+    A warning is said once per queue, recorded in ``warned``.
     """
     quorum = uses_quorum_queues(app)
     if not quorum and app.conf.task_queue_max_priority is None:
@@ -71,7 +73,9 @@ def prepare_priority_queues(app: Celery) -> list[str]:
         if "x-max-priority" not in args:
             args["x-max-priority"] = AMQP_MAX_PRIORITY
             queue.queue_arguments = args
-        elif args["x-max-priority"] < AMQP_MAX_PRIORITY:
+        elif args["x-max-priority"] < AMQP_MAX_PRIORITY and first_time(
+            warned, f"x-max-priority:{queue.name}"
+        ):
             logger.warning(
                 "queue %r keeps your x-max-priority=%r (priority-router uses up to %d): "
                 "the most urgent levels share its top priority",

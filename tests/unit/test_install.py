@@ -280,3 +280,18 @@ def test_one_router_on_apps_with_different_settings_says_so(caplog: pytest.LogCa
         assert second.conf.broker_url
     assert r.config.reset_interval == 600
     assert "one PriorityRouter per app" in caplog.text
+
+
+def test_a_kept_queue_max_priority_is_warned_once_however_often_the_router_settles(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from kombu import Queue
+
+    app = Celery("a", broker="amqp://guest:guest@127.0.0.1:1//", set_as_current=False)
+    app.conf.task_queues = [Queue("capped", queue_arguments={"x-max-priority": 5})]
+    with caplog.at_level(logging.WARNING, "priority_router"):
+        router().install(app)
+        app.amqp._create_task_sender()  # the sender is built: the router settles again
+        app.config_from_object({"task_default_queue": "capped"})
+        assert app.conf.broker_url  # configuration reloaded: settles once more
+    assert caplog.text.count("keeps your x-max-priority=5") == 1
