@@ -137,10 +137,6 @@ class RouterConfig:
     def as_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
-    def replace(self, **changes: Any) -> RouterConfig:
-        """A copy with ``changes`` (validated like any other settings)."""
-        return type(self).from_mapping({**self.as_dict(), **changes})
-
 
 def env_values(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The settings ``PRIORITY_ROUTER_*`` variables give, parsed from their text."""
