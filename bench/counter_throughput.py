@@ -89,6 +89,15 @@ def main() -> None:
         ]
         variants: dict[str, tuple[Callable[[bytes], bytes], int]] = {
             "INCR (baseline)": (lambda k: pack(b"INCR", k), 1),
+            "batch check: MULTI INCRBY PEXPIRE EXEC": (
+                lambda k: (
+                    pack(b"MULTI")
+                    + pack(b"INCRBY", k, b"1")
+                    + pack(b"PEXPIRE", k, INTERVAL_MS)
+                    + pack(b"EXEC")
+                ),
+                4,
+            ),
             "router check: MULTI INCR PEXPIRE EXEC": (
                 lambda k: (
                     pack(b"MULTI") + pack(b"INCR", k) + pack(b"PEXPIRE", k, INTERVAL_MS) + pack(b"EXEC")

@@ -10,6 +10,7 @@ a ``{hash tag}`` so that on Redis Cluster one client's key has one slot.
 from __future__ import annotations
 
 import hashlib
+from functools import lru_cache
 from urllib.parse import quote, unquote_to_bytes
 
 #: Escaped ids longer than this are hashed, keeping every key short.
@@ -38,6 +39,7 @@ def normalize_client_id(value: object) -> str | None:
     return value or None
 
 
+@lru_cache(maxsize=4096)
 def client_token(client_id: str) -> str:
     """The printable, bounded token that stands for ``client_id`` in keys."""
     raw = client_id.encode("utf-8", "surrogateescape")

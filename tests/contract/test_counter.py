@@ -149,3 +149,75 @@ def test_unreachable_store_raises_counter_unavailable(key_prefix: str) -> None:
         router.record("acme")
     decision = router.decide("acme")
     assert (decision.pending, decision.priority, decision.reason.value) == (None, 5, "fail-open")
+
+
+def test_record_many_gives_the_decisions_of_sequential_records(client: redis.Redis, key_prefix: str) -> None:
+    router = make(client, key_prefix)
+    router.record("one-by-one")
+    router.record("batched")
+    sequential = [router.record("one-by-one") for _ in range(30)]
+    batched = router.record_many("batched", 30)
+    assert [(d.pending, d.priority) for d in batched] == [(d.pending, d.priority) for d in sequential]
+    assert [d.priority for d in batched[:4]] == [1, 1, 2, 2]
+    assert router.peek("batched").pending == -30
+    assert router.record("batched").pending == -31
+    assert 1_400_000 < client.pttl(router.counter.key("batched")) <= 1_500_000
+
+
+def test_record_many_of_nothing_counts_nothing(client: redis.Redis, key_prefix: str) -> None:
+    router = make(client, key_prefix)
+    assert router.record_many("idle", 0) == []
+    assert client.exists(router.counter.key("idle")) == 0
+    for bad in (-1, 2.5, True, "3"):
+        with pytest.raises(ValueError, match="batch size"):
+            router.record_many("idle", bad)  # type: ignore[arg-type]
+
+
+def test_a_check_is_one_round_trip(
+    client: redis.Redis, key_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    router = make(client, key_prefix)
+    router.record("warm")
+    sent: list[object] = []
+    pool = client.connection_pool
+    real = pool.get_connection
+
+    def counted(*args: object, **kwargs: object) -> object:
+        connection = real(*args, **kwargs)
+        if "send_packed_command" not in vars(connection):
+            original = connection.send_packed_command
+            monkeypatch.setattr(
+                connection,
+                "send_packed_command",
+                lambda c, *a, **k: (sent.append(c), original(c, *a, **k))[1],
+            )
+        return connection
+
+    monkeypatch.setattr(pool, "get_connection", counted)
+    router.record("acme")
+    assert len(sent) == 1
+    router.record_many("acme", 1000)
+    assert len(sent) == 2
+
+
+def test_a_failed_check_leaves_the_connection_usable(client: redis.Redis, key_prefix: str) -> None:
+    router = make(client, key_prefix)
+    client.rpush(router.counter.key("listy"), "not a count")
+    with pytest.raises(CounterUnavailable, match="listy"):
+        router.record("listy")
+    with pytest.raises(CounterUnavailable):
+        router.record_many("listy", 3)
+    # No reply of the failed transaction is left for the next command to read.
+    assert [router.record("after").pending for _ in range(3)] == [0, -1, -2]
+    assert client.ping() is True
+    assert client.type(router.counter.key("listy")) in (b"list", "list")
+
+
+def test_no_key_is_left_without_expiry(client: redis.Redis, key_prefix: str) -> None:
+    router = make(client, key_prefix, interval=30)
+    for n in range(50):
+        router.record(f"c{n % 7}")
+    router.record_many("bulk", 40)
+    ttls = [client.pttl(key) for key in client.scan_iter(match=key_prefix + "*")]
+    assert len(ttls) == 8
+    assert all(0 < ttl <= 30_000 for ttl in ttls)
