@@ -11,6 +11,7 @@ from typing import Any
 import redis
 from celery import Celery
 
+from .batch import Batch, current_batch
 from .config import RouterConfig, celery_name, env_values
 from .decision import Decision, Reason
 from .errors import ConfigurationError, CounterUnavailable
@@ -111,6 +112,42 @@ class PriorityRouter:
             pending = self.counter.check(client)
         return Decision(client, pending, self.policy.priority_for(pending))
 
+    def record_many(self, client_id: object, n: int) -> list[Decision]:
+        """``n`` counted submissions for ``client_id`` in one Redis round trip: exactly the
+        decisions ``n`` calls of :meth:`record` would give, in order.
+
+        Raises like :meth:`record`, and ``ValueError`` when ``n`` is not a whole number >= 0.
+        """
+        client = self._client(client_id)
+        count = _batch_size(n)
+        with _store_errors("count", client):
+            pendings = self.counter.check_many(client, count)
+        priority_for = self.policy.priority_for
+        return [Decision(client, p, priority_for(p)) for p in pendings]
+
+    @contextlib.contextmanager
+    def batch(self, client_id: object, n: int) -> Iterator[Batch]:
+        """Count ``n`` documents of one client in one round trip, for the publishes inside
+        the block::
+
+            with router.batch("acme", len(documents)):
+                group(process.s(doc) for doc in documents).apply_async(headers={"client_id": "acme"})
+
+        Each counted publish of that client in the block (in this thread or task) takes the
+        next reserved decision, so the documents get exactly the priorities they would have
+        got one by one.  Publishes beyond ``n`` are counted as usual; reserved decisions the
+        block leaves unused still count (a WARNING says so).  When the counter store fails,
+        the batch's documents get ``default_priority``, as single publishes do.
+        """
+        client = self._client(client_id)
+        reserved = Batch(client, self.decide_many(client, _batch_size(n)))
+        token = current_batch.set(reserved)
+        try:
+            yield reserved
+        finally:
+            current_batch.reset(token)
+            reserved.close()
+
     def peek(self, client_id: object) -> Decision:
         """The client's current pending count and priority, without counting."""
         state = self.state(client_id)
@@ -126,6 +163,11 @@ class PriorityRouter:
         """Like :meth:`record`, but never raises: when the counter store fails the
         decision is ``default_priority`` and the store is left alone for ``cooldown``.
         """
+        batch = current_batch.get()
+        if batch is not None:
+            reserved = batch.take(client_id)
+            if reserved is not None:
+                return reserved
         if not self._breaker.allow():
             return Decision(client_id, None, self.config.default_priority, Reason.FAIL_OPEN)
         started = time.perf_counter()
@@ -138,6 +180,20 @@ class PriorityRouter:
             self.metrics.counter_seconds.observe(time.perf_counter() - started)
         self._breaker.success()
         return Decision(client_id, pending, self.policy.priority_for(pending))
+
+    def decide_many(self, client_id: str, n: int) -> list[Decision]:
+        """Like :meth:`record_many`, but never raises (see :meth:`decide`)."""
+        fail_open = [Decision(client_id, None, self.config.default_priority, Reason.FAIL_OPEN)] * n
+        if n == 0 or not self._breaker.allow():
+            return fail_open
+        try:
+            pendings = self.counter.check_many(client_id, n)
+        except Exception as exc:
+            self._breaker.failure(exc)
+            return fail_open
+        self._breaker.success()
+        priority_for = self.policy.priority_for
+        return [Decision(client_id, p, priority_for(p)) for p in pendings]
 
     def state(self, client_id: object) -> CounterState:
         """What the counter store holds for one client (count and time to its reset)."""
@@ -184,6 +240,12 @@ def _store_errors(what: str, client: str) -> Iterator[None]:
         yield
     except (redis.RedisError, OSError) as exc:
         raise CounterUnavailable(f"could not {what} {client!r}: {exc}") from exc
+
+
+def _batch_size(n: object) -> int:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"batch size {n!r} is not a whole number of documents (0 or more)")
+    return n
 
 
 def _metrics_for(config: RouterConfig) -> RouterMetrics | None:
