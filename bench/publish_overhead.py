@@ -1,12 +1,23 @@
 """What the router adds to each ``apply_async``, in Redis round trips.
 
-``before_task_publish`` is process-wide, so plain and routed publishing cannot be
-compared in one process: each measurement runs in a fresh publisher process, plain and
-router alternating.  Each process also times a redis-py ``PING`` to the same Redis, so
-the router's added time can be read as a number of round trips, which holds on a noisy
-machine where absolute times drift.
+Each publisher process holds two apps on the same Redis broker and queue: a plain one and
+one with the router installed.  It times blocks of publishes, alternating plain, routed
+and ``PING`` blocks, so all three see the same machine at the same moment; the added
+time of each block pair is divided by the ``PING`` block beside it.  While a plain block
+runs, the router's ``before_task_publish`` receiver is disconnected, so plain blocks run
+exactly as in a process without the router (a connected receiver slows every publish of
+the process, routed or not).  Fresh processes are started ``--processes`` times, since
+connection placement and caches differ between processes.
 
-    python bench/publish_overhead.py [--repeat 5] [--publishes 3000]
+A redis-py ``PING`` is one round trip with redis-py's own per-command overhead, the unit
+issue #12 states its target in.  A ``PING`` timed in a tight loop is the cheapest round
+trip there is: the Redis server never goes idle.  Made once per publish, between
+Celery's own work, the same ``PING`` costs more (the server has gone idle and must be
+woken, and the hook itself is a signal dispatch).  So a fourth kind of block, ``floor``,
+publishes plainly with a receiver that only sends one ``PING``: the least any
+synchronous design that asks Redis once per publish can add.
+
+    python bench/publish_overhead.py [--processes 3] [--blocks 30] [--block 100]
 """
 
 from __future__ import annotations
@@ -19,6 +30,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,42 +38,96 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 
-def child(mode: str, redis_url: str, publishes: int) -> dict[str, Any]:
+def child(redis_url: str, blocks: int, block: int) -> dict[str, Any]:
     import redis
+    from celery import Celery
+    from celery.signals import before_task_publish
 
+    from priority_router.integration import install
     from workers.app import create_app
 
     tag = uuid.uuid4().hex[:8]
     env = {
         "BROKER_URL": f"{redis_url}/14",
         "DOCUMENT_QUEUE": f"overhead-{tag}",
-        "WORKERS_ROUTER": "on" if mode == "router" else "off",
         "PRIORITY_ROUTER_REDIS_URL": f"{redis_url}/13",
         "PRIORITY_ROUTER_KEY_PREFIX": f"overhead-{tag}:",
         "PRIORITY_ROUTER_CONSUMER_CHECK_INTERVAL": "0",
     }
-    app = create_app(env)
+    plain = create_app({**env, "WORKERS_ROUTER": "off"})
+    routed = create_app({**env, "WORKERS_ROUTER": "on"})
     ping = redis.Redis.from_url(f"{redis_url}/13")
-    try:
-        for n in range(200):  # connections, caches and the sender are built here
-            app.send_task("workers.hold_document", ("warm", f"w{n}", 0), headers={"client_id": "warm"})
-        pings = []
-        for _ in range(2000):
+
+    def publishes(app: Celery) -> Callable[[int], float]:
+        def run(count: int) -> float:
             started = time.perf_counter()
-            ping.ping()
-            pings.append(time.perf_counter() - started)
+            for n in range(count):
+                client = f"c{n % 100}"
+                app.send_task("workers.hold_document", (client, f"d{n}", 0), headers={"client_id": client})
+            return (time.perf_counter() - started) / count
+
+        return run
+
+    def without_router(run: Callable[[int], float]) -> Callable[[int], float]:
+        def plain_run(count: int) -> float:
+            before_task_publish.disconnect(dispatch_uid=install._UID)
+            try:
+                return run(count)
+            finally:
+                before_task_publish.connect(install._on_publish, dispatch_uid=install._UID)
+
+        return plain_run
+
+    def pings(count: int) -> float:
         started = time.perf_counter()
-        for n in range(publishes):
-            client = f"c{n % 100}"
-            app.send_task("workers.hold_document", (client, f"d{n}", 0), headers={"client_id": client})
-        per_publish = (time.perf_counter() - started) / publishes
+        for _ in range(count):
+            ping.ping()
+        return (time.perf_counter() - started) / count
+
+    def one_ping(**_: Any) -> None:
+        ping.ping()
+
+    def floor(count: int) -> float:
+        before_task_publish.connect(one_ping, dispatch_uid="publish-overhead-floor", weak=False)
+        try:
+            return without_router(publishes(plain))(count)
+        finally:
+            before_task_publish.disconnect(dispatch_uid="publish-overhead-floor")
+
+    ways = {
+        "plain": without_router(publishes(plain)),
+        "router": publishes(routed),
+        "floor": floor,
+        "ping": pings,
+    }
+    times: dict[str, list[float]] = {name: [] for name in ways}
+    try:
+        for way in ways.values():  # connections, caches and the senders are built here
+            way(300)
+        for n in range(blocks):
+            order = list(ways) if n % 2 else list(reversed(ways))
+            for name in order:
+                times[name].append(ways[name](block))
     finally:
-        with app.connection_for_write() as conn:
+        with plain.connection_for_write() as conn:
             conn.default_channel.queue_delete(env["DOCUMENT_QUEUE"])
         for key in ping.scan_iter(match=f"overhead-{tag}:*"):
             ping.unlink(key)
-        app.close()
-    return {"mode": mode, "publish_us": per_publish * 1e6, "ping_us": statistics.median(pings) * 1e6}
+        for app in (plain, routed):
+            app.close()
+        ping.close()
+    added = [r - p for p, r in zip(times["plain"], times["router"], strict=True)]
+    floor_added = [f - p for p, f in zip(times["plain"], times["floor"], strict=True)]
+    return {
+        "plain_us": statistics.median(times["plain"]) * 1e6,
+        "router_us": statistics.median(times["router"]) * 1e6,
+        "added_us": statistics.median(added) * 1e6,
+        "ping_us": statistics.median(times["ping"]) * 1e6,
+        "added_pings": statistics.median(a / p for a, p in zip(added, times["ping"], strict=True)),
+        "floor_us": statistics.median(floor_added) * 1e6,
+        "floor_pings": statistics.median(f / p for f, p in zip(floor_added, times["ping"], strict=True)),
+        "added_floors": statistics.median(a / f for a, f in zip(added, floor_added, strict=True) if f > 0),
+    }
 
 
 def main() -> None:
@@ -69,51 +135,49 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--redis", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379"))
-    parser.add_argument("--repeat", type=int, default=5, help="plain/router pairs, alternating")
-    parser.add_argument("--publishes", type=int, default=3000)
-    parser.add_argument("--child", choices=["plain", "router"], help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--processes", type=int, default=3, help="fresh publisher processes, one after another"
+    )
+    parser.add_argument("--blocks", type=int, default=30, help="alternating block triples per process")
+    parser.add_argument("--block", type=int, default=100, help="publishes (or PINGs) per block")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     redis_url = args.redis.rstrip("/")
     if args.child:
-        print(json.dumps(child(args.child, redis_url, args.publishes)))
+        print(json.dumps(child(redis_url, args.blocks, args.block)))
         return
 
     rows = []
-    for _ in range(max(1, args.repeat)):
-        for mode in ("plain", "router"):
-            done = subprocess.run(
-                [
-                    sys.executable,
-                    __file__,
-                    "--child",
-                    mode,
-                    "--redis",
-                    redis_url,
-                    "--publishes",
-                    str(args.publishes),
-                ],
-                capture_output=True,
-                text=True,
-                check=True,
-            )
-            rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    for _ in range(max(1, args.processes)):
+        command = [sys.executable, __file__, "--child", "--redis", redis_url]
+        command += ["--blocks", str(args.blocks), "--block", str(args.block)]
+        done = subprocess.run(command, capture_output=True, text=True, check=True)
+        rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    summary = {key: statistics.median(r[key] for r in rows) for key in rows[0]}
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps({"processes": rows, "median": summary}, indent=2))
         return
-    plain = [r["publish_us"] for r in rows if r["mode"] == "plain"]
-    routed = [r["publish_us"] for r in rows if r["mode"] == "router"]
-    pings = [r["ping_us"] for r in rows]
-    added = [b - a for a, b in zip(plain, routed, strict=True)]
-    trips = [d / p for d, p in zip(added, pings[1::2], strict=True)]
-    print(f"{args.repeat} alternating pairs, {args.publishes} publishes each, Redis broker")
-    print("| run | plain us/publish | router us/publish | added us | PING us | added in round trips |")
-    print("|---|---|---|---|---|---|")
-    for i, (a, b, d, t) in enumerate(zip(plain, routed, added, trips, strict=True), 1):
-        print(f"| {i} | {a:.0f} | {b:.0f} | {d:.0f} | {pings[2 * i - 1]:.0f} | {t:.2f} |")
     print(
-        f"median: plain {statistics.median(plain):.0f} us, router {statistics.median(routed):.0f} us, "
-        f"added {statistics.median(added):.0f} us = {statistics.median(trips):.2f} round trips"
+        f"{len(rows)} publisher processes x {args.blocks} alternating blocks of {args.block}, "
+        "Redis broker, medians"
+    )
+    print(
+        "| process | plain us/publish | router us/publish | added us | PING us | added in PINGs "
+        "| floor: one PING from the hook, us | floor in PINGs | added in floors |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for i, r in enumerate(rows, 1):
+        print(
+            f"| {i} | {r['plain_us']:.0f} | {r['router_us']:.0f} | {r['added_us']:.0f} | "
+            f"{r['ping_us']:.0f} | {r['added_pings']:.2f} | {r['floor_us']:.0f} | {r['floor_pings']:.2f} | "
+            f"{r['added_floors']:.2f} |"
+        )
+    print(
+        f"median: plain {summary['plain_us']:.0f} us, router {summary['router_us']:.0f} us, "
+        f"added {summary['added_us']:.0f} us = {summary['added_pings']:.2f} round trips; "
+        f"one PING from the hook adds {summary['floor_us']:.0f} us = {summary['floor_pings']:.2f}; "
+        f"the router adds {summary['added_floors']:.2f} of those"
     )
 
 

@@ -170,14 +170,15 @@ class PriorityRouter:
                 return reserved
         if not self._breaker.allow():
             return Decision(client_id, None, self.config.default_priority, Reason.FAIL_OPEN)
-        started = time.perf_counter()
+        metrics = self.metrics
+        started = time.perf_counter() if metrics is not None else 0.0
         try:
             pending = self.counter.check(client_id)
         except Exception as exc:
             self._breaker.failure(exc)
             return Decision(client_id, None, self.config.default_priority, Reason.FAIL_OPEN)
-        if self.metrics is not None:
-            self.metrics.counter_seconds.observe(time.perf_counter() - started)
+        if metrics is not None:
+            metrics.counter_seconds.observe(time.perf_counter() - started)
         self._breaker.success()
         return Decision(client_id, pending, self.policy.priority_for(pending))
 

@@ -129,6 +129,8 @@ class ConsumerWatch:
 
     def published(self) -> None:
         """Note a publish; starts the checks in this process on first use."""
+        if self._published.is_set():
+            return
         if self._thread is None:
             self._start()
         self._published.set()

@@ -31,8 +31,10 @@ def annotate_kwargsrepr(kwargsrepr: str, decision: Decision) -> str:
     client = decision.client_id
     if client is not None and len(client) > MAX_SHOWN_ID:
         client = client[:MAX_SHOWN_ID] + "..."
-    entries = {CLIENT_KEY: client, PRIORITY_KEY: decision.priority, PENDING_KEY: decision.pending}
-    extra = ", ".join(f"{key!r}: {value!r}" for key, value in entries.items())
+    extra = (
+        f"{CLIENT_KEY!r}: {client!r}, {PRIORITY_KEY!r}: {decision.priority!r}, "
+        f"{PENDING_KEY!r}: {decision.pending!r}"
+    )
     text = kwargsrepr.strip()
     if text == "{}" or not text:
         return "{" + extra + "}"

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from celery import Celery
+from celery._state import _task_stack
 
 from .. import headers as H
 from ..decision import Decision, Reason
@@ -225,7 +226,9 @@ class PublishReceiver:
 
     def _parent_decision(self) -> Decision | None:
         app = self._app()
-        parent = app.current_worker_task if app is not None else None
+        if app is None or not _tasks_running():
+            return None
+        parent = app.current_worker_task
         if parent is None:
             return None
         request = parent.request
@@ -235,6 +238,18 @@ class PublishReceiver:
         client = normalize_client_id(getattr(request, self._header, None))
         pending = getattr(request, H.PENDING, None)
         return Decision(client, pending if _is_count(pending) else None, priority, Reason.INHERITED)
+
+
+def _tasks_running() -> bool:
+    """Whether any thread of this process is running a Celery task (eagerly or in a worker).
+
+    A publisher that runs no tasks has no parent to inherit from, and finding that out
+    through ``app.current_worker_task`` costs more than the rest of the hook (Celery's
+    thread-local stack raises and catches an exception per lookup).  Its storage holds
+    one entry per thread with a task on its stack; an unknown layout means "maybe".
+    """
+    storage = getattr(getattr(_task_stack, "_local", None), "__storage__", None)
+    return not isinstance(storage, dict) or bool(storage)
 
 
 def _is_count(value: object) -> bool:
