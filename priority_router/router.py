@@ -10,6 +10,7 @@ from typing import Any
 
 import redis
 from celery import Celery
+from redis.exceptions import RedisClusterException
 
 from .batch import Batch, current_batch
 from .config import RouterConfig, celery_name, env_values
@@ -239,7 +240,7 @@ def _store_errors(what: str, client: str) -> Iterator[None]:
     """Redis failures of an explicit counter call, as :class:`CounterUnavailable`."""
     try:
         yield
-    except (redis.RedisError, OSError) as exc:
+    except (redis.RedisError, RedisClusterException, OSError) as exc:
         raise CounterUnavailable(f"could not {what} {client!r}: {exc}") from exc
 
 

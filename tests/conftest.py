@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import fakeredis
 import pytest
 import redis
+from support.cluster import LocalCluster, require_cluster_programs, running_cluster
 from support.services import IN_CI, ensure_rabbitmq, redis_answers, start_embedded_redis
 
 REDIS_URL = os.environ.get("PRIORITY_ROUTER_TEST_REDIS_URL", "redis://127.0.0.1:6379")
@@ -34,6 +35,15 @@ def amqp_url() -> str:
             pytest.fail(f"RabbitMQ is required in CI: {reason}")
         pytest.skip(reason)
     return AMQP_URL
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[LocalCluster]:
+    """A throwaway local Redis Cluster: 3 masters, each with a replica.  Tests that kill a
+    node start their own with ``running_cluster()``."""
+    require_cluster_programs()
+    with running_cluster() as cluster:
+        yield cluster
 
 
 @pytest.fixture

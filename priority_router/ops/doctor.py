@@ -31,6 +31,7 @@ from ..integration.rabbitmq import (
 )
 from ..redact import redact_url
 from ..router import installed_router
+from ..store.connection import is_cluster
 from ..store.keys import glob_escape
 
 #: kombu before 5.4 drops a message's priority when it restores an unacked message.
@@ -297,7 +298,15 @@ def _check_counter(app: Celery, transport: Transport) -> Iterator[Finding]:
         return
     where = redact_url(router.config.redis_url)
     timeout = router.config.socket_timeout
+    cluster = is_cluster(router.redis)
+    state = "ok"
     try:
+        if cluster:
+            # A plain PING reaches one node of a cluster; every client is counted only when
+            # every master answers and the cluster says it serves all slots.
+            router.redis.ping(target_nodes="primaries")
+            info = router.redis.execute_command("CLUSTER INFO")  # type: ignore[no-untyped-call]
+            state = info.get("cluster_state", "?")
         started = time.perf_counter()
         router.redis.ping()
         took = time.perf_counter() - started
@@ -320,7 +329,17 @@ def _check_counter(app: Celery, transport: Transport) -> Iterator[Finding]:
             "use a Redis closer to the publishers, or raise socket_timeout",
         )
         return
-    yield Finding("counter store", True, f"Redis {version} at {where} answers in {took * 1000:.1f} ms")
+    if cluster and state != "ok":
+        yield Finding(
+            "counter store",
+            False,
+            f"the Redis Cluster at {where} says cluster_state:{state}, so documents are published "
+            f"at default_priority={router.config.default_priority} until it is ok again",
+            "bring the failed masters back or let their replicas take over (redis-cli --cluster check)",
+        )
+        return
+    kind = "Redis Cluster" if cluster else "Redis"
+    yield Finding("counter store", True, f"{kind} {version} at {where} answers in {took * 1000:.1f} ms")
 
 
 def _check_consumers(app: Celery, transport: Transport) -> Iterator[Finding]:

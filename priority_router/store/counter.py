@@ -87,7 +87,11 @@ class Counter:
         return bool(self._redis.delete(self.key(client_id)))
 
     def scan(self, count: int = 500) -> Iterator[CounterState]:
-        """Every tracked client, read in SCAN batches so Redis is never blocked."""
+        """Every tracked client, read in SCAN batches so Redis is never blocked.
+
+        On Redis Cluster, redis-py's ``scan_iter`` walks every master with a cursor of its
+        own (``SCAN`` goes to the primaries only, never to a replica).
+        """
         batch: list[str] = []
         for key in self._redis.scan_iter(match=self._pattern, count=count):
             batch.append(key.decode() if isinstance(key, bytes) else key)
@@ -98,9 +102,11 @@ class Counter:
             yield from self._read_keys(batch)
 
     def clear_all(self, count: int = 500) -> int:
-        """Forget every client; returns how many keys were deleted."""
+        """Forget every client on every master; returns how many keys were deleted."""
         deleted = 0
         batch: list[bytes | str] = []
+        # On Redis Cluster, redis-py splits ``unlink(*keys)`` into one UNLINK per hash slot,
+        # so a batch whose keys live on several masters never sends a cross-slot command.
         for key in self._redis.scan_iter(match=self._pattern, count=count):
             batch.append(key)
             if len(batch) >= count:
@@ -111,6 +117,7 @@ class Counter:
         return deleted
 
     def _read_keys(self, keys: list[str]) -> Iterator[CounterState]:
+        # Single-key commands only: a Redis Cluster pipeline sends each to its key's master.
         with self._redis.pipeline(transaction=False) as pipe:
             for key in keys:
                 pipe.get(key)
