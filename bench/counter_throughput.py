@@ -1,4 +1,4 @@
-"""Counter throughput and memory against plain INCR, in the same run.
+"""Counter throughput against plain INCR, in the same run (memory: ``bench/memory.py``).
 
 Sends pre-encoded pipelined commands over one socket and parses replies with
 hiredis, so the figure is what the Redis server sustains, not the Python client.
@@ -20,7 +20,6 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import hiredis
-import redis
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
@@ -128,22 +127,6 @@ def main() -> None:
             med = statistics.median(rates)
             print(f"| {name} | {med / 1000:.0f}k | {med / base:.2f}x |")
 
-        r = redis.Redis.from_url(url, db=12)
-        r.flushdb()
-        before = int(r.info("memory")["used_memory"])
-        n = 100_000
-        with r.pipeline(transaction=False) as pipe:
-            for i in range(n):
-                key = client_key("priority-router:", f"client-{i:06d}")
-                pipe.incr(key)
-                pipe.pexpire(key, 1_500_000)
-            pipe.execute()
-        per_client = (int(r.info("memory")["used_memory"]) - before) / n
-        print(
-            f"memory: {per_client:.0f} bytes per active client "
-            f"(default prefix, ids like 'client-000123', {n} clients)"
-        )
-        r.flushdb()
     finally:
         if embedded:
             embedded.stop()
