@@ -16,7 +16,7 @@ class Reason(str, Enum):
     FAIL_OPEN = "fail-open"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Decision:
     """A client's pending count and the logical priority (1 most urgent .. 9) it maps to.
 

@@ -6,7 +6,7 @@ Logical priority 1 is the most urgent and 9 the least, whatever the broker.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import TypeGuard
 
@@ -14,6 +14,8 @@ from .errors import ConfigurationError
 
 MOST_URGENT = 1
 LEAST_URGENT = 9
+#: Tables whose lowest limit is deeper than this are scanned instead of indexed.
+MAX_TABLE = 65_536
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,8 @@ class Policy:
 
     thresholds: tuple[Threshold, ...]
     fallback: int = MOST_URGENT
+    #: ``priority_for(-i)`` for i = 0 .. -lowest limit: one index per publish, not a scan.
+    _table: tuple[int, ...] = field(init=False, repr=False, compare=False, default=())
 
     def __post_init__(self) -> None:
         rows = tuple(row if isinstance(row, Threshold) else _row_from_pair(row) for row in self.thresholds)
@@ -67,9 +71,20 @@ class Policy:
                 "as in DOCBITS_THRESHOLDS",
             )
         check_priority("thresholds fallback", self.fallback)
+        deepest = -rows[0].below
+        if deepest <= MAX_TABLE:
+            object.__setattr__(self, "_table", tuple(self._scan(-i) for i in range(deepest + 1)))
 
     def priority_for(self, pending: int) -> int:
         """The logical priority for a pending count (0 or negative)."""
+        table = self._table
+        if -len(table) < pending <= 0:
+            return table[-pending]
+        if pending < 0 and table:
+            return self.thresholds[0].priority  # under the lowest limit
+        return self._scan(pending)
+
+    def _scan(self, pending: int) -> int:
         for row in self.thresholds:
             if pending < row.below:
                 return row.priority

@@ -64,13 +64,24 @@ class Installation:
     celery_settings: dict[str, Any] | None = None
 
 
-_installed: weakref.WeakKeyDictionary[Celery, Installation] = weakref.WeakKeyDictionary()
+#: Where an app keeps its installation: read on every publish, so a plain attribute
+#: lookup rather than a WeakKeyDictionary (which builds a weak reference per lookup).
+_ATTR = "_priority_router_installation"
+
+
+#: Every app with an installation, for settling one router's apps together.
+_apps: weakref.WeakSet[Celery] = weakref.WeakSet()
+
+
+def _installation(app: Celery) -> Installation | None:
+    installation: Installation | None = app.__dict__.get(_ATTR)
+    return installation
 _lock = threading.RLock()
 
 
 def install(router: PriorityRouter, app: Celery) -> PublishReceiver:
     with _lock:
-        existing = _installed.get(app)
+        existing = _installation(app)
         if existing is not None:
             if existing.router is router:
                 return existing.receiver
@@ -91,7 +102,8 @@ def install(router: PriorityRouter, app: Celery) -> PublishReceiver:
         if router.config.consumer_check_interval > 0:
             installation.watch = ConsumerWatch(app, receiver, router.config.consumer_check_interval)
             receiver.on_publish = installation.watch.published
-        _installed[app] = installation
+        app.__dict__[_ATTR] = installation
+        _apps.add(app)
         _connect_signals()
         app.on_after_configure.connect(_on_configure, weak=False, dispatch_uid=_UID)
         wrap_sender(app, _on_sender_built)
@@ -109,10 +121,11 @@ def install(router: PriorityRouter, app: Celery) -> PublishReceiver:
 def uninstall(router: PriorityRouter, app: Celery) -> bool:
     """Undo :func:`install`; False when ``router`` was not installed on ``app``."""
     with _lock:
-        installation = _installed.get(app)
+        installation = _installation(app)
         if installation is None or installation.router is not router:
             return False
-        del _installed[app]
+        del app.__dict__[_ATTR]
+        _apps.discard(app)
         if installation.watch is not None:
             installation.watch.stop()
         unwatch(app)
@@ -122,13 +135,13 @@ def uninstall(router: PriorityRouter, app: Celery) -> bool:
 
 
 def router_of(app: Celery) -> PriorityRouter | None:
-    installation = _installed.get(app)
+    installation = _installation(app)
     return installation.router if installation is not None else None
 
 
 def settle(app: Celery) -> Transport | None:
     """Settle for the configuration ``app`` has now; None (said once) when it cannot be routed."""
-    installation = _installed.get(app)
+    installation = _installation(app)
     if installation is None:
         return None
     try:
@@ -141,7 +154,8 @@ def settle(app: Celery) -> Transport | None:
 def _settle(app: Celery, installation: Installation) -> Transport:
     router, receiver, warned = installation.router, installation.receiver, installation.warned
     settings = celery_values(app.conf)
-    others = [i.celery_settings for a, i in list(_installed.items()) if i.router is router and a is not app]
+    siblings = [_installation(a) for a in list(_apps) if a is not app]
+    others = [i.celery_settings for i in siblings if i is not None and i.router is router]
     if any(other is not None and other != settings for other in others):
         if first_time(warned, "clash"):
             logger.error(
@@ -204,14 +218,14 @@ def _on_sender_built(app: Celery) -> None:
 
 def _on_worker_starting(sender: Any = None, instance: Any = None, **_: Any) -> None:
     app = getattr(instance, "app", None)
-    installation = _installed.get(app) if app is not None else None
+    installation = _installation(app) if app is not None else None
     if app is not None and installation is not None:
         _settle_worker(app, installation)
 
 
 def _on_worker_init(sender: Any = None, **_: Any) -> None:
     app = getattr(sender, "app", None)
-    installation = _installed.get(app) if app is not None else None
+    installation = _installation(app) if app is not None else None
     if app is None or installation is None:
         return
     transport = _settle_worker(app, installation)
@@ -235,14 +249,14 @@ def _settle_worker(app: Celery, installation: Installation) -> Transport:
 
 def _on_publish(**kwargs: Any) -> None:
     app = publishing_app.get()
-    installation = _installed.get(app) if app is not None else None
+    installation = _installation(app) if app is not None else None
     if installation is not None:
         installation.receiver(**kwargs)
 
 
 def _on_task_received(sender: Any = None, request: Any = None, **_: Any) -> None:
     app = getattr(request, "app", None)
-    installation = _installed.get(app) if app is not None else None
+    installation = _installation(app) if app is not None else None
     if installation is None or "unpriced" in installation.warned:
         return
     headers = getattr(request, "request_dict", None) or {}

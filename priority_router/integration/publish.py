@@ -176,7 +176,7 @@ class PublishReceiver:
             # message waits in RabbitMQ, which drops it unseen and leaves its result PENDING
             # forever; without the TTL the worker receives it and revokes it, as on Redis.
             properties.pop("expiration", None)
-        headers[H.REASON] = decision.reason.value
+        headers[H.REASON] = decision.reason._value_
         if decision.reason is Reason.NOT_COUNTED:
             if properties.get("priority") is None:
                 properties["priority"] = to_wire(decision.priority, transport)

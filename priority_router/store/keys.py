@@ -27,6 +27,8 @@ def normalize_client_id(value: object) -> str | None:
     ``surrogateescape``).  None, booleans, containers, and empty or blank values
     are not ids.
     """
+    if type(value) is str:
+        return value.strip() or None
     if isinstance(value, bool) or value is None:
         return None
     if isinstance(value, bytes | bytearray | memoryview):
