@@ -221,3 +221,24 @@ def test_no_key_is_left_without_expiry(client: redis.Redis, key_prefix: str) -> 
     ttls = [client.pttl(key) for key in client.scan_iter(match=key_prefix + "*")]
     assert len(ttls) == 8
     assert all(0 < ttl <= 30_000 for ttl in ttls)
+
+
+@pytest.mark.integration
+def test_a_check_cut_off_before_exec_changes_nothing(real_redis: redis.Redis, key_prefix: str) -> None:
+    """The whole check is one MULTI ... EXEC: a publisher that dies mid-send leaves no key,
+    so never one without its expiry."""
+    import socket
+
+    from priority_router.store.packed import PackedCheck
+
+    key = Counter(real_redis, key_prefix, 1500).key("cut")
+    packed = PackedCheck(real_redis, 1_500_000)._pack(key, 1)
+    assert packed.startswith(b"*1\r\n$5\r\nMULTI\r\n") and packed.endswith(b"*1\r\n$4\r\nEXEC\r\n")
+    where = real_redis.connection_pool.connection_kwargs
+    with socket.create_connection((where.get("host", "127.0.0.1"), where.get("port", 6379))) as sock:
+        db = str(where.get("db", 0)).encode()
+        select = b"*2\r\n$6\r\nSELECT\r\n$%d\r\n%s\r\n" % (len(db), db)
+        sock.sendall(select + packed[: packed.rindex(b"*1")])
+        sock.recv(4096)
+    time.sleep(0.05)
+    assert real_redis.exists(key) == 0
