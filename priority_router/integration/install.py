@@ -76,6 +76,8 @@ _apps: weakref.WeakSet[Celery] = weakref.WeakSet()
 def _installation(app: Celery) -> Installation | None:
     installation: Installation | None = app.__dict__.get(_ATTR)
     return installation
+
+
 _lock = threading.RLock()
 
 
