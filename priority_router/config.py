@@ -62,6 +62,9 @@ class RouterConfig:
     #: Seconds between a publisher's checks that every worker consuming its queues can
     #: see every priority it sends (0 turns the check off).
     consumer_check_interval: float = 60.0
+    #: Decide, count and show each document's priority (headers, Flower, metrics, CLI)
+    #: without applying it: the broker and the app get what plain Celery gives them.
+    dry_run: bool = False
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -111,7 +114,7 @@ class RouterConfig:
             raise ConfigurationError(
                 "metrics_port", f"{port!r} is not a TCP port", "use 1..65535 (0 picks a free one), or None"
             )
-        for name in ("flower_kwargsrepr", "metrics"):
+        for name in ("flower_kwargsrepr", "metrics", "dry_run"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigurationError(name, f"{getattr(self, name)!r} is not a bool", "use True or False")
 

@@ -10,3 +10,6 @@ PENDING = "priority_router_pending"
 REASON = "priority_router_reason"
 #: Publish time (Unix seconds) for measuring queue wait on the worker.
 PUBLISHED_AT = "priority_router_published_at"
+#: Present (True) when the router ran in dry run: the decision was made and counted,
+#: but the message's broker priority is the one plain Celery gave it.
+DRY_RUN = "priority_router_dry_run"

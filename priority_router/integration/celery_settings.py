@@ -1,17 +1,25 @@
 """The Celery settings without which broker priorities silently do nothing.
 
-They are merged into the user's configuration: a value the user set themselves
-is kept, and a warning names the setting and what keeping it costs.
+:func:`wanted_changes` works out what an app's configuration lacks; :func:`apply_changes`
+merges it in.  A value the user set themselves is kept (a :class:`Change` marked
+``kept``), and :func:`warn_kept` names the setting and what keeping it costs.  In dry
+run nothing is applied and :func:`describe` says what would be (the same list
+``doctor`` reports).
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 from celery import Celery
+from kombu.transport.redis import PRIORITY_STEPS as KOMBU_PRIORITY_STEPS
+from kombu.transport.redis import Channel as KombuRedisChannel
 
 from .brokers import AMQP_MAX_PRIORITY, Transport
+from .rabbitmq import declared_queues, is_quorum, uses_quorum_queues
 
 logger = logging.getLogger("priority_router")
 
@@ -28,7 +36,53 @@ COSTS = {
     "queue_order_strategy": "queues are polled in another order than their priority",
     "task_queue_max_priority": "RabbitMQ queues declared without x-max-priority >= 10 "
     "ignore or clip message priorities",
+    "x-max-priority": "the most urgent levels share its top priority",
 }
+
+
+class Where(Enum):
+    """Where a setting lives in a Celery app."""
+
+    SETTING = "setting"
+    TRANSPORT_OPTION = "broker_transport_options"
+    QUEUE_ARGUMENT = "queue argument"
+
+
+@dataclass(frozen=True)
+class Change:
+    """One value priorities need, next to the value the app has."""
+
+    where: Where
+    key: str
+    current: object
+    wanted: object
+    #: The user chose ``current``: the router keeps it (and names its cost) instead.
+    kept: bool = False
+    #: The queue whose argument this is (``Where.QUEUE_ARGUMENT`` only).
+    queue: str | None = None
+
+    @property
+    def name(self) -> str:
+        """The setting as a user writes it: ``broker_transport_options['priority_steps']``."""
+        if self.where is Where.TRANSPORT_OPTION:
+            return f"broker_transport_options[{self.key!r}]"
+        if self.where is Where.QUEUE_ARGUMENT:
+            return f"{self.key} of queue {self.queue!r}"
+        return self.key
+
+    @property
+    def cost(self) -> str:
+        return COSTS.get(self.key, "priorities may not take full effect")
+
+    def shown(self, value: object) -> str:
+        """``name=value`` as a user would write it."""
+        if self.where is Where.QUEUE_ARGUMENT:
+            return f"{self.key}={value!r} on queue {self.queue!r}"
+        return f"{self.name}={value!r}"
+
+    def __str__(self) -> str:
+        current = "none" if self.current is None else repr(self.current)
+        return f"{self.shown(self.wanted)} (now {current})"
 
 
 def is_explicit(app: Celery, key: str) -> bool:
@@ -47,45 +101,107 @@ def is_explicit(app: Celery, key: str) -> bool:
     return any(name in m for m in maps[:-1] for name in names)
 
 
-def apply_priority_settings(app: Celery, transport: Transport, warned: set[str]) -> None:
-    """Merge the priority-related settings into ``app.conf`` (idempotent).
+# -- what the app lacks -----------------------------------------------------------------
 
-    A warning about a setting the user chose is logged once per setting in ``warned``.
-    """
-    conf = app.conf
-    _prefer(app, "worker_prefetch_multiplier", 1, warned)
-    _prefer(app, "task_acks_late", True, warned)
+
+def wanted_changes(app: Celery, transport: Transport) -> list[Change]:
+    """Every value priorities need that ``app`` does not have yet (reads, changes nothing)."""
+    changes = [
+        c
+        for c in (
+            _setting(app, "worker_prefetch_multiplier", 1),
+            _setting(app, "task_acks_late", True),
+        )
+        if c is not None
+    ]
     if transport is Transport.REDIS:
-        options: dict[str, Any] = dict(conf.broker_transport_options or {})
-        _prefer_option(options, "priority_steps", REDIS_PRIORITY_STEPS, warned)
-        _prefer_option(options, "queue_order_strategy", "priority", warned)
-        if options != (conf.broker_transport_options or {}):
-            conf.broker_transport_options = options
+        changes += _redis_options(app)
     elif transport is Transport.AMQP:
-        current = conf.task_queue_max_priority
-        if current is not None and current < AMQP_MAX_PRIORITY:
-            _warn_kept("task_queue_max_priority", current, AMQP_MAX_PRIORITY, warned)
+        changes += _amqp_queues(app)
+    return changes
 
 
-def _prefer(app: Celery, key: str, wanted: object, warned: set[str]) -> None:
+def _setting(app: Celery, key: str, wanted: object) -> Change | None:
     current = app.conf.get(key)
     if current == wanted:
-        return
-    if is_explicit(app, key):
-        _warn_kept(key, current, wanted, warned)
-        return
-    app.conf[key] = wanted
+        return None
+    return Change(Where.SETTING, key, current, wanted, kept=is_explicit(app, key))
 
 
-def _prefer_option(options: dict[str, Any], key: str, wanted: object, warned: set[str]) -> None:
-    if key not in options:
-        options[key] = wanted
-        return
-    current = options[key]
-    if isinstance(wanted, list) and isinstance(current, list | tuple):
-        current = list(current)
-    if current != wanted:
-        _warn_kept(f"broker_transport_options[{key!r}]", options[key], wanted, warned)
+def _redis_options(app: Celery) -> list[Change]:
+    options: dict[str, Any] = app.conf.broker_transport_options or {}
+    defaults = {
+        "priority_steps": (REDIS_PRIORITY_STEPS, KOMBU_PRIORITY_STEPS),
+        "queue_order_strategy": ("priority", KombuRedisChannel.queue_order_strategy),
+    }
+    changes = []
+    for key, (wanted, kombu_default) in defaults.items():
+        if key not in options:
+            changes.append(Change(Where.TRANSPORT_OPTION, key, kombu_default, wanted))
+            continue
+        current = options[key]
+        comparable = list(current) if isinstance(current, list | tuple) else current
+        if comparable != wanted:
+            changes.append(Change(Where.TRANSPORT_OPTION, key, current, wanted, kept=True))
+    return changes
+
+
+def _amqp_queues(app: Celery) -> list[Change]:
+    changes = []
+    current = app.conf.task_queue_max_priority
+    if current is None and not uses_quorum_queues(app):
+        # Celery adds it to every queue it builds, also those it creates later by name.
+        changes.append(Change(Where.SETTING, "task_queue_max_priority", None, AMQP_MAX_PRIORITY))
+    elif current is not None and current < AMQP_MAX_PRIORITY:
+        changes.append(
+            Change(Where.SETTING, "task_queue_max_priority", current, AMQP_MAX_PRIORITY, kept=True)
+        )
+    for queue in declared_queues(app):
+        # Quorum queues are left alone: RabbitMQ refuses x-max-priority on them.
+        if is_quorum(queue):
+            continue
+        given = (queue.queue_arguments or {}).get("x-max-priority")
+        if given is None or given < AMQP_MAX_PRIORITY:
+            kept = given is not None
+            changes.append(
+                Change(Where.QUEUE_ARGUMENT, "x-max-priority", given, AMQP_MAX_PRIORITY, kept, queue.name)
+            )
+    return changes
+
+
+# -- applying them ----------------------------------------------------------------------
+
+
+def apply_changes(app: Celery, changes: list[Change]) -> None:
+    """Merge every change not ``kept`` into ``app`` (applying a list twice is harmless)."""
+    options: dict[str, Any] = dict(app.conf.broker_transport_options or {})
+    for change in changes:
+        if change.kept:
+            continue
+        if change.where is Where.TRANSPORT_OPTION:
+            options[change.key] = change.wanted
+        elif change.where is Where.QUEUE_ARGUMENT:
+            _set_queue_argument(app, change)
+        else:
+            _set(app, change)
+    if options != (app.conf.broker_transport_options or {}):
+        app.conf.broker_transport_options = options
+
+
+def _set(app: Celery, change: Change) -> None:
+    app.conf[change.key] = change.wanted
+    built = app.amqp.__dict__.get("queues")
+    if change.key == "task_queue_max_priority" and built is not None and built.max_priority is None:
+        built.max_priority = change.wanted  # queues Celery creates later by name get it too
+
+
+def _set_queue_argument(app: Celery, change: Change) -> None:
+    for queue in declared_queues(app):
+        if queue.name == change.queue:
+            queue.queue_arguments = {**(queue.queue_arguments or {}), change.key: change.wanted}
+
+
+# -- saying so --------------------------------------------------------------------------
 
 
 def first_time(warned: set[str], what: str) -> bool:
@@ -97,14 +213,34 @@ def first_time(warned: set[str], what: str) -> bool:
     return True
 
 
-def _warn_kept(setting: str, current: object, wanted: object, warned: set[str]) -> None:
-    if not first_time(warned, setting):
-        return
-    base = setting.split("[")[-1].strip("'\"]") if "[" in setting else setting
-    logger.warning(
-        "priority-router keeps your %s=%r (it would set %r): %s",
-        setting,
-        current,
-        wanted,
-        COSTS.get(base, "priorities may not take full effect"),
-    )
+def warn_kept(changes: list[Change], warned: set[str]) -> None:
+    """One WARNING per value the user chose over the router's, once each (``warned``)."""
+    for change in changes:
+        if not change.kept or not first_time(warned, change.name):
+            continue
+        if change.where is Where.QUEUE_ARGUMENT:
+            logger.warning(
+                "queue %r keeps your x-max-priority=%r (priority-router uses up to %d): %s",
+                change.queue,
+                change.current,
+                change.wanted,
+                change.cost,
+            )
+        else:
+            logger.warning(
+                "priority-router keeps your %s=%r (it would set %r): %s",
+                change.name,
+                change.current,
+                change.wanted,
+                change.cost,
+            )
+
+
+def describe(changes: list[Change]) -> str:
+    """What applying ``changes`` would do, in one sentence's worth of text."""
+    applied = [str(c) for c in changes if not c.kept]
+    kept = [f"{c.shown(c.current)} ({c.cost})" for c in changes if c.kept]
+    text = "it would set " + ", ".join(applied) if applied else "it would change no setting"
+    if kept:
+        text += "; it would keep your " + "; ".join(kept)
+    return text

@@ -112,7 +112,8 @@ _watches: weakref.WeakSet[ConsumerWatch] = weakref.WeakSet()
 class ConsumerWatch:
     """A publisher's background check, every ``interval`` seconds while it publishes,
     that no worker consuming its queues is blind to some priorities.  Each blind worker
-    and queue is logged once, as a WARNING naming the fix."""
+    and queue is logged once, as a WARNING naming the fix.  A router in dry run sends
+    plain Celery's priorities, which every worker sees, so it does not check."""
 
     FIRST_CHECK = 5.0
 
@@ -129,7 +130,7 @@ class ConsumerWatch:
 
     def published(self) -> None:
         """Note a publish; starts the checks in this process on first use."""
-        if self._published.is_set():
+        if self._published.is_set() or self._receiver.dry_run:
             return
         if self._thread is None:
             self._start()
@@ -160,7 +161,7 @@ class ConsumerWatch:
     def check(self) -> list[BlindWorker]:
         app = self._app()
         transport = self._receiver.transport
-        if app is None or transport is None or self._stop.is_set():
+        if app is None or transport is None or self._stop.is_set() or self._receiver.dry_run:
             return []
         try:
             found = blind_workers(app, transport, set(self._receiver.queues_seen)) or []

@@ -13,6 +13,8 @@ as extra, namespaced keys:
 The real keyword arguments stay in front, unchanged, and the text stays a dict
 literal, so Flower's exact search ``kwargs:priority_router_client=acme`` finds
 every document of a client, including those whose id travelled only in a header.
+A router in dry run adds ``'priority_router_dry_run': True``, since Flower cannot see
+the header that says so.
 """
 
 from __future__ import annotations
@@ -22,11 +24,12 @@ from ..decision import Decision
 CLIENT_KEY = "priority_router_client"
 PRIORITY_KEY = "priority_router_priority"
 PENDING_KEY = "priority_router_pending"
+DRY_RUN_KEY = "priority_router_dry_run"
 #: Longer ids are shown cut (headers must stay small; see celery_hook.MAX_HEADER_ID).
 MAX_SHOWN_ID = 200
 
 
-def annotate_kwargsrepr(kwargsrepr: str, decision: Decision) -> str:
+def annotate_kwargsrepr(kwargsrepr: str, decision: Decision, dry_run: bool = False) -> str:
     """``kwargsrepr`` with the decision added; an unusual repr gets it appended."""
     client = decision.client_id
     if client is not None and len(client) > MAX_SHOWN_ID:
@@ -35,6 +38,8 @@ def annotate_kwargsrepr(kwargsrepr: str, decision: Decision) -> str:
         f"{CLIENT_KEY!r}: {client!r}, {PRIORITY_KEY!r}: {decision.priority!r}, "
         f"{PENDING_KEY!r}: {decision.pending!r}"
     )
+    if dry_run:
+        extra += f", {DRY_RUN_KEY!r}: True"
     text = kwargsrepr.strip()
     if text == "{}" or not text:
         return "{" + extra + "}"

@@ -11,7 +11,8 @@ these moments:
 - when a worker starts (``celeryd_init``, before the worker reads its settings, and
   ``worker_init``, for workers started from code).
 
-A setting the user chose is kept and a warning names its cost, once.  A broker the
+A setting the user chose is kept and a warning names its cost, once.  In dry run no
+setting is changed: one WARNING per app says what would be.  A broker the
 router cannot drive is refused at once if it is known at ``install()``; when it is only
 known later, the router says so once, loudly, and leaves that app's publishes alone.
 
@@ -34,10 +35,10 @@ from .. import headers as H
 from ..config import celery_values, unknown_celery_settings
 from ..errors import ConfigurationError
 from .brokers import Transport, transport_of
-from .celery_settings import apply_priority_settings, first_time
+from .celery_settings import Change, apply_changes, describe, first_time, wanted_changes, warn_kept
 from .consumers import ConsumerWatch
 from .publish import PublishReceiver
-from .rabbitmq import QUORUM_PRIORITIES, check_worker_queues, prepare_priority_queues
+from .rabbitmq import QUORUM_PRIORITIES, check_worker_queues, quorum_queue_names
 from .sender import publishing_app, unwrap_sender, wrap_sender
 from .worker import unwatch, watch_queue_wait
 
@@ -108,7 +109,7 @@ def install(router: PriorityRouter, app: Celery) -> PublishReceiver:
         _apps.add(app)
         _connect_signals()
         app.on_after_configure.connect(_on_configure, weak=False, dispatch_uid=_UID)
-        wrap_sender(app, _on_sender_built)
+        wrap_sender(app, _on_sender_built, _demotes_to_fifo)
         if metrics is not None:
             watch_queue_wait(app, metrics, router.config.metrics_port)
         if app.configured:
@@ -178,20 +179,54 @@ def _settle(app: Celery, installation: Installation) -> Transport:
             ", ".join(typos),
         )
     transport = transport_of(app)
-    apply_priority_settings(app, transport, warned)
-    if transport is Transport.AMQP:
-        installation.quorum_queues = quorum = prepare_priority_queues(app, warned)
-        if quorum and first_time(warned, "quorum"):
-            logger.warning(
-                "priority-router: queues %s are quorum queues. %s", ", ".join(quorum), QUORUM_PRIORITIES
-            )
-    elif transport is Transport.MEMORY and first_time(warned, "memory"):
+    changes = wanted_changes(app, transport)
+    if router.config.dry_run:
+        _report_dry_run(app, changes, warned)
+    else:
+        _apply(app, installation, transport, changes)
+    if transport is Transport.MEMORY and first_time(warned, "memory"):
         logger.warning("the memory:// broker has no priorities; documents are counted but run in order")
     default = app.conf.task_default_priority
     receiver.default_wire = int(default) if str(default).isdigit() else None
     receiver.transport = transport
     receiver.unroutable = None
     return transport
+
+
+def _apply(app: Celery, installation: Installation, transport: Transport, changes: list[Change]) -> None:
+    warned = installation.warned
+    apply_changes(app, changes)
+    warn_kept(changes, warned)
+    if transport is Transport.AMQP:
+        installation.quorum_queues = quorum = quorum_queue_names(app)
+        if quorum and first_time(warned, "quorum"):
+            logger.warning(
+                "priority-router: queues %s are quorum queues. %s", ", ".join(quorum), QUORUM_PRIORITIES
+            )
+
+
+def _report_dry_run(app: Celery, changes: list[Change], warned: set[str]) -> None:
+    # A WARNING, not an INFO: Celery workers and Python log at WARNING by default, and a
+    # router left in dry run by mistake applies no priority at all.  Said once per app.
+    if first_time(warned, "dry-run"):
+        logger.warning(
+            "priority-router dry run on %r: priorities are computed, counted and shown (message "
+            "headers, Flower, metrics, CLI) but not applied: messages keep the priority plain Celery "
+            "gives them and no Celery setting is changed. Switched on (dry_run=False), %s",
+            app,
+            describe(changes),
+        )
+
+
+def _dry_run(installation: Installation) -> bool:
+    return installation.router.config.dry_run
+
+
+def _demotes_to_fifo(app: Celery) -> bool:
+    """Whether a publish RabbitMQ refused for want of x-max-priority is sent again
+    without it (a router in dry run leaves the refusal to plain Celery)."""
+    installation = _installation(app)
+    return installation is not None and not _dry_run(installation)
 
 
 def _unroutable(app: Celery, receiver: PublishReceiver, exc: ConfigurationError) -> None:
@@ -231,6 +266,8 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
     if app is None or installation is None:
         return
     transport = _settle_worker(app, installation)
+    if _dry_run(installation):
+        return
     wanted = app.conf.worker_prefetch_multiplier
     if getattr(sender, "prefetch_multiplier", wanted) != wanted:
         # The worker read its settings before this point (workers started from code
@@ -256,24 +293,58 @@ def _on_publish(**kwargs: Any) -> None:
         installation.receiver(**kwargs)
 
 
+#: What a worker says at most once about the documents it receives.
+_RECEIVED_WARNINGS = frozenset({"unpriced", "dry-run publisher"})
+
+
 def _on_task_received(sender: Any = None, request: Any = None, **_: Any) -> None:
     app = getattr(request, "app", None)
     installation = _installation(app) if app is not None else None
-    if installation is None or "unpriced" in installation.warned:
+    if installation is None or installation.warned.issuperset(_RECEIVED_WARNINGS):
         return
     headers = getattr(request, "request_dict", None) or {}
-    if H.REASON in headers or not first_time(installation.warned, "unpriced"):
-        return
-    queue = (getattr(request, "delivery_info", None) or {}).get("routing_key")
+    if H.REASON not in headers:
+        if first_time(installation.warned, "unpriced"):
+            _warn_unpriced(request, _dry_run(installation))
+    elif (
+        headers.get(H.DRY_RUN)
+        and not _dry_run(installation)
+        and first_time(installation.warned, "dry-run publisher")
+    ):
+        _warn_dry_run_publisher(request)
+
+
+def _warn_unpriced(request: Any, dry_run: bool) -> None:
+    effect = (
+        "its documents are not counted and this dry run does not show them"
+        if dry_run
+        else "its documents carry no client priority and are served in arrival order"
+    )
     logger.warning(
         "priority-router: task %s (id %s) arrived on queue %r without a priority-router decision: "
-        "the process that published it has no router installed, so its documents carry no client "
-        "priority and are served in arrival order. Fix: install the router in the publishing app "
-        "too (PriorityRouter(...).install(app) where that Celery app is created)",
+        "the process that published it has no router installed, so %s. Fix: install the router in "
+        "the publishing app too (PriorityRouter(...).install(app) where that Celery app is created)",
         getattr(request, "name", "?"),
         getattr(request, "id", "?"),
-        queue,
+        _queue_of(request),
+        effect,
     )
+
+
+def _warn_dry_run_publisher(request: Any) -> None:
+    logger.warning(
+        "priority-router: task %s (id %s) arrived on queue %r from a publisher whose router is in "
+        "dry run: it carries the priority plain Celery gives it, not the router's, so it is served "
+        "out of turn with the routed documents. Fix: switch the publishers' router on too "
+        "(dry_run=False)",
+        getattr(request, "name", "?"),
+        getattr(request, "id", "?"),
+        _queue_of(request),
+    )
+
+
+def _queue_of(request: Any) -> object:
+    return (getattr(request, "delivery_info", None) or {}).get("routing_key")
 
 
 _connected = False

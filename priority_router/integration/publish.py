@@ -12,6 +12,10 @@ The rule, in order:
    own) inherits the parent's priority and is not counted again.
 5. Otherwise the client's document is counted and priced; without a client id it gets
    the app's ``task_default_priority`` if set, else the router's ``default_priority``.
+
+In dry run every step is the same and the decision goes into the headers, Flower's
+``kwargsrepr`` and the metrics, but the message's ``priority`` and ``expiration``
+properties stay as Celery set them, and a ``priority_router_dry_run`` header says so.
 """
 
 from __future__ import annotations
@@ -83,6 +87,7 @@ class PublishReceiver:
         self._getter = config.client_id_getter
         self._annotate = config.flower_kwargsrepr
         self._default_priority = config.default_priority
+        self.dry_run = config.dry_run
 
     def __call__(
         self,
@@ -115,7 +120,8 @@ class PublishReceiver:
             self._stamp(decision, headers, properties, chosen, transport)
         except Exception:
             logger.exception("priority-router could not stamp %s", sender)
-            properties.setdefault("priority", to_wire(self._default_priority, transport))
+            if not self.dry_run:
+                properties.setdefault("priority", to_wire(self._default_priority, transport))
         if isinstance(routing_key, str):
             self.queues_seen.add(routing_key)
         if self.on_publish is not None:
@@ -171,27 +177,14 @@ class PublishReceiver:
         chosen: int | None,
         transport: Transport,
     ) -> None:
-        if transport is Transport.AMQP and headers.get("expires") is not None:
-            # Celery also sends ``expires`` as the message's AMQP TTL.  With prefetch 1 the
-            # message waits in RabbitMQ, which drops it unseen and leaves its result PENDING
-            # forever; without the TTL the worker receives it and revokes it, as on Redis.
-            properties.pop("expiration", None)
+        decision, wire = self._priced(decision, properties, chosen, transport)
+        if self.dry_run:
+            headers[H.DRY_RUN] = True
+        else:
+            self._apply(properties, headers, wire, transport)
         headers[H.REASON] = decision.reason._value_
         if decision.reason is Reason.NOT_COUNTED:
-            if properties.get("priority") is None:
-                properties["priority"] = to_wire(decision.priority, transport)
             return
-        if chosen is not None:
-            pass  # the caller's priority goes out unchanged
-        elif (
-            decision.reason is Reason.NO_CLIENT
-            and self.default_wire is not None
-            and (properties.get("priority") == self.default_wire)
-        ):
-            # The app's task_default_priority is what Celery already put on the message.
-            decision = Decision(None, None, logical_from_wire(self.default_wire, transport), Reason.NO_CLIENT)
-        else:
-            properties["priority"] = to_wire(decision.priority, transport)
         client = decision.client_id
         if client is not None and len(client) <= MAX_HEADER_ID:
             # AMQP puts all headers in one frame (128 KiB by default); RabbitMQ drops a
@@ -201,9 +194,42 @@ class PublishReceiver:
         headers[H.PENDING] = decision.pending
         headers[H.PUBLISHED_AT] = time.time()
         if self._annotate and isinstance(headers.get("kwargsrepr"), str):
-            headers["kwargsrepr"] = annotate_kwargsrepr(headers["kwargsrepr"], decision)
+            headers["kwargsrepr"] = annotate_kwargsrepr(headers["kwargsrepr"], decision, self.dry_run)
         if self.on_decision is not None:
             self.on_decision(decision)
+
+    def _priced(
+        self, decision: Decision, properties: dict[str, Any], chosen: int | None, transport: Transport
+    ) -> tuple[Decision, int | None]:
+        """The decision as the headers show it, and the wire priority the message is to
+        get (None: the one Celery put on it stays)."""
+        current = properties.get("priority")
+        if decision.reason is Reason.NOT_COUNTED:
+            return decision, to_wire(decision.priority, transport) if current is None else None
+        if chosen is not None:
+            return decision, None  # the caller's priority goes out unchanged
+        if (
+            decision.reason is Reason.NO_CLIENT
+            and self.default_wire is not None
+            and current == self.default_wire
+        ):
+            # The app's task_default_priority is what Celery already put on the message.
+            default = logical_from_wire(self.default_wire, transport)
+            return Decision(None, None, default, Reason.NO_CLIENT), None
+        return decision, to_wire(decision.priority, transport)
+
+    @staticmethod
+    def _apply(
+        properties: dict[str, Any], headers: dict[str, Any], wire: int | None, transport: Transport
+    ) -> None:
+        """Put the router's priority on the message (never in dry run)."""
+        if transport is Transport.AMQP and headers.get("expires") is not None:
+            # Celery also sends ``expires`` as the message's AMQP TTL.  With prefetch 1 the
+            # message waits in RabbitMQ, which drops it unseen and leaves its result PENDING
+            # forever; without the TTL the worker receives it and revokes it, as on Redis.
+            properties.pop("expiration", None)
+        if wire is not None:
+            properties["priority"] = wire
 
     def _counts(self, task_name: str) -> bool:
         if self._patterns is None:

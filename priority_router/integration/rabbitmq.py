@@ -15,7 +15,6 @@ from celery import Celery
 
 from ..errors import ConfigurationError
 from .brokers import AMQP_MAX_PRIORITY
-from .celery_settings import first_time
 
 logger = logging.getLogger("priority_router")
 
@@ -49,43 +48,18 @@ def uses_quorum_queues(app: Celery) -> bool:
     return any(is_quorum(q) for q in (*declared, *(built.values() if built else ())))
 
 
-def prepare_priority_queues(app: Celery, warned: set[str]) -> list[str]:
-    """Give the app's classic queues ``x-max-priority`` unless the user set one.
-
-    Quorum queues are left alone: RabbitMQ refuses ``x-max-priority`` on them.  Works
-    before and after Celery built ``app.amqp.queues``.  Returns the quorum queues' names.
-    A warning is said once per queue, recorded in ``warned``.
-    """
-    quorum = uses_quorum_queues(app)
-    if not quorum and app.conf.task_queue_max_priority is None:
-        # Celery adds it to every queue it builds, also those it creates later by name.
-        app.conf.task_queue_max_priority = AMQP_MAX_PRIORITY
+def declared_queues(app: Celery) -> list[Any]:
+    """The app's queues: those Celery built, or those it will build from ``task_queues``."""
     built = app.amqp.__dict__.get("queues")
-    queues = list(built.values()) if built is not None else list(app.conf.task_queues or ())
-    if built is not None and not quorum and built.max_priority is None:
-        built.max_priority = AMQP_MAX_PRIORITY
-    quorum_names = []
-    for queue in queues:
-        if is_quorum(queue):
-            quorum_names.append(queue.name)
-            continue
-        args = dict(queue.queue_arguments or {})
-        if "x-max-priority" not in args:
-            args["x-max-priority"] = AMQP_MAX_PRIORITY
-            queue.queue_arguments = args
-        elif args["x-max-priority"] < AMQP_MAX_PRIORITY and first_time(
-            warned, f"x-max-priority:{queue.name}"
-        ):
-            logger.warning(
-                "queue %r keeps your x-max-priority=%r (priority-router uses up to %d): "
-                "the most urgent levels share its top priority",
-                queue.name,
-                args["x-max-priority"],
-                AMQP_MAX_PRIORITY,
-            )
-    if quorum and app.conf.get("task_default_queue_type") == "quorum" and built is None:
-        quorum_names.append(app.conf.task_default_queue)
-    return sorted(set(quorum_names))
+    return list(built.values()) if built is not None else list(app.conf.task_queues or ())
+
+
+def quorum_queue_names(app: Celery) -> list[str]:
+    """The names of the app's quorum queues, including a default queue not built yet."""
+    names = [q.name for q in declared_queues(app) if is_quorum(q)]
+    if app.conf.get("task_default_queue_type") == "quorum" and app.amqp.__dict__.get("queues") is None:
+        names.append(app.conf.task_default_queue)
+    return sorted(set(names))
 
 
 #: What quorum queues do with message priorities, by RabbitMQ version.

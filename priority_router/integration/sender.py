@@ -7,7 +7,9 @@ Why it exists:
   leaves every other app in the process alone.
 - RabbitMQ refuses to publish to a queue that exists without ``x-max-priority`` when
   the app declares it with one (``PRECONDITION_FAILED``).  The wrapper then declares
-  the queue as it exists and sends the document once more (see ``amqp_queues``).
+  the queue as it exists and sends the document once more (see ``rabbitmq``), unless
+  ``demotes(app)`` says no (a router in dry run), when the refusal reaches the caller
+  as in plain Celery.
 
 Celery builds its sender lazily: ``app.amqp.send_task_message`` is a cached property
 whose builder (``_create_task_sender``) freezes the publish retry policy, delivery mode,
@@ -36,7 +38,7 @@ _SENDER = "send_task_message"
 _WRAPPED = "_priority_router_wrapped"
 
 
-def wrap_sender(app: Celery, on_build: Callable[[Celery], None]) -> None:
+def wrap_sender(app: Celery, on_build: Callable[[Celery], None], demotes: Callable[[Celery], bool]) -> None:
     """Wrap ``app``'s task sender (idempotent); ``on_build(app)`` runs when Celery
     builds it, or now if Celery already has."""
     amqp = app.amqp
@@ -45,13 +47,13 @@ def wrap_sender(app: Celery, on_build: Callable[[Celery], None]) -> None:
     built = amqp.__dict__.get(_SENDER)
     if built is not None:
         on_build(app)
-        amqp.__dict__[_SENDER] = _wrap(app, built)
+        amqp.__dict__[_SENDER] = _wrap(app, built, demotes)
     else:
         build = amqp._create_task_sender
 
         def create_task_sender() -> Callable[..., Any]:
             on_build(app)
-            return _wrap(app, build())
+            return _wrap(app, build(), demotes)
 
         amqp.__dict__[_BUILDER] = create_task_sender
     amqp.__dict__[_WRAPPED] = True
@@ -69,7 +71,7 @@ def unwrap_sender(app: Celery) -> None:
         amqp.__dict__[_SENDER] = original
 
 
-def _wrap(app: Celery, send: Callable[..., Any]) -> Callable[..., Any]:
+def _wrap(app: Celery, send: Callable[..., Any], demotes: Callable[[Celery], bool]) -> Callable[..., Any]:
     @functools.wraps(send)
     def send_task_message(*args: Any, **kwargs: Any) -> Any:
         token = publishing_app.set(app)
@@ -77,7 +79,7 @@ def _wrap(app: Celery, send: Callable[..., Any]) -> Callable[..., Any]:
             return send(*args, **kwargs)
         except Exception as exc:
             queue = fifo_queue_in(exc)
-            if queue is None:
+            if queue is None or not demotes(app):
                 raise
             demote_to_fifo(app, queue)
             producer = args[0] if args else kwargs["producer"]

@@ -2,6 +2,9 @@
 
 Each check returns a :class:`Finding`; ``priority-router doctor -A app`` prints them
 and exits non-zero when any failed.  An app set up by ``PriorityRouter.install`` passes.
+
+A router in dry run is a finding that is not a failure; what switching it on would set
+is listed, and a setting it would set is not counted as a failure either.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from kombu.transport.redis import PRIORITY_STEPS as KOMBU_PRIORITY_STEPS
 from kombu.transport.redis import Channel as KombuRedisChannel
 
 from ..integration.brokers import AMQP_MAX_PRIORITY, Transport, transport_of
-from ..integration.celery_settings import COSTS, REDIS_PRIORITY_STEPS
+from ..integration.celery_settings import COSTS, REDIS_PRIORITY_STEPS, Change, describe, wanted_changes
 from ..integration.consumers import FIX, blind_workers
 from ..integration.rabbitmq import (
     QueueNotPriorityError,
@@ -71,8 +74,32 @@ def _check_router(app: Celery, transport: Transport) -> Iterator[Finding]:
             "no PriorityRouter is installed on this app, so its messages carry no priority",
             "call PriorityRouter(...).install(app) where the app is created",
         )
+    elif router.config.dry_run:
+        yield Finding(
+            "router",
+            True,
+            f"installed in dry run: {router!r}. Priorities are computed, counted and shown "
+            "(headers, Flower, metrics, CLI) but not applied",
+            "to apply them, set dry_run=False (PRIORITY_ROUTER_DRY_RUN=false, or the Celery setting "
+            "priority_router_dry_run=False) in the publishers' and the workers' apps",
+        )
+        yield Finding("dry run", True, "switched on, " + describe(wanted_changes(app, transport)))
     else:
         yield Finding("router", True, f"installed: {router!r}")
+
+
+def _switch_on_sets(app: Celery, transport: Transport, key: str, queue: str | None = None) -> Change | None:
+    """What switching a router in dry run on would set for ``key``; None if it is not in
+    dry run or would not set it."""
+    router = installed_router(app)
+    if router is None or not router.config.dry_run:
+        return None
+    changes = wanted_changes(app, transport)
+    return next((c for c in changes if c.key == key and c.queue == queue and not c.kept), None)
+
+
+def _not_applied(check: str, change: Change) -> Finding:
+    return Finding(check, True, f"dry run, so not applied yet: switched on, install() sets {change}")
 
 
 def _check_kombu(app: Celery, transport: Transport) -> Iterator[Finding]:
@@ -90,7 +117,10 @@ def _check_kombu(app: Celery, transport: Transport) -> Iterator[Finding]:
 
 def _check_prefetch(app: Celery, transport: Transport) -> Iterator[Finding]:
     value = app.conf.worker_prefetch_multiplier
-    if value != 1:
+    change = _switch_on_sets(app, transport, "worker_prefetch_multiplier")
+    if change is not None:
+        yield _not_applied("prefetch", change)
+    elif value != 1:
         yield Finding(
             "prefetch",
             False,
@@ -102,6 +132,10 @@ def _check_prefetch(app: Celery, transport: Transport) -> Iterator[Finding]:
 
 
 def _check_acks(app: Celery, transport: Transport) -> Iterator[Finding]:
+    change = _switch_on_sets(app, transport, "task_acks_late")
+    if change is not None:
+        yield _not_applied("acks_late", change)
+        return
     if not app.conf.task_acks_late:
         yield Finding(
             "acks_late",
@@ -129,7 +163,10 @@ def _check_redis_steps(app: Celery, transport: Transport) -> Iterator[Finding]:
         return
     options = app.conf.broker_transport_options or {}
     steps = list(options.get("priority_steps", KOMBU_PRIORITY_STEPS))
-    if steps != REDIS_PRIORITY_STEPS:
+    change = _switch_on_sets(app, transport, "priority_steps")
+    if change is not None:
+        yield _not_applied("priority_steps", change)
+    elif steps != REDIS_PRIORITY_STEPS:
         yield Finding(
             "priority_steps",
             False,
@@ -139,7 +176,10 @@ def _check_redis_steps(app: Celery, transport: Transport) -> Iterator[Finding]:
     else:
         yield Finding("priority_steps", True, "priority_steps 0..9")
     order = options.get("queue_order_strategy", KombuRedisChannel.queue_order_strategy)
-    if order != "priority":
+    change = _switch_on_sets(app, transport, "queue_order_strategy")
+    if change is not None:
+        yield _not_applied("queue_order_strategy", change)
+    elif order != "priority":
         yield Finding(
             "queue_order_strategy",
             False,
@@ -244,6 +284,8 @@ def _check_amqp_queues(app: Celery, transport: Transport) -> Iterator[Finding]:
                 "install the router in this app too (PriorityRouter(...).install(app)): it declares "
                 f"the queue with x-max-priority={AMQP_MAX_PRIORITY}",
             )
+        elif (change := _switch_on_sets(app, transport, "x-max-priority", queue.name)) is not None:
+            yield _not_applied("x-max-priority", change)
         else:
             yield Finding(
                 "x-max-priority",
@@ -344,6 +386,10 @@ def _check_counter(app: Celery, transport: Transport) -> Iterator[Finding]:
 
 def _check_consumers(app: Celery, transport: Transport) -> Iterator[Finding]:
     if transport not in (Transport.REDIS, Transport.AMQP):
+        return
+    router = installed_router(app)
+    if router is not None and router.config.dry_run:
+        yield Finding("workers", True, "not checked: in dry run the messages carry plain Celery's priorities")
         return
     names = {q.name for q in app.amqp.queues.values()} or {app.conf.task_default_queue}
     found = blind_workers(app, transport, names)
