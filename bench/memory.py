@@ -23,7 +23,10 @@ key depends on the server version and on ``maxmemory-policy``: under an LRU/LFU 
 with a ``maxmemory``, Redis stops sharing small integer values, so ``--maxmemory-policy``
 measures that case.
 
-    python bench/memory.py [--clients 1000000] [--redis-server /usr/bin/redis-server]
+``--mode inflight`` loads the inflight mode's sets instead, one document in flight per
+client.
+
+    python bench/memory.py [--clients 1000000] [--mode seed|inflight] [--redis-server PATH]
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +51,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from priority_router.config import RouterConfig  # noqa: E402
-from priority_router.store.keys import client_key  # noqa: E402
+from priority_router.store.inflight import member  # noqa: E402
+from priority_router.store.keys import client_key, inflight_key  # noqa: E402
 from workers.local_redis import free_port, redis_answers, stop_process  # noqa: E402
 
 
@@ -98,10 +103,15 @@ def start_server(executable: str, extra: list[str]) -> tuple[subprocess.Popen[by
     return proc, port, workdir
 
 
-def load(port: int, keys: list[bytes], interval_ms: int, batch: int) -> float:
-    """Send one check per key, ``batch`` checks per round trip; returns the seconds it took."""
+def load(port: int, keys: list[bytes], interval_ms: int, batch: int, inflight: bool = False) -> float:
+    """Send one check per key, ``batch`` checks per round trip; returns the seconds it took.
+
+    ``inflight``: the inflight mode's publish instead, one document in flight per client
+    (``MULTI; SADD key m; SCARD key; PEXPIRE key ms; EXEC``)."""
     expiry = str(interval_ms).encode()
     multi, exec_ = pack(b"MULTI"), pack(b"EXEC")
+    if inflight:
+        return _load_inflight(port, keys, expiry, batch)
     reader = hiredis.Reader()
     start = time.perf_counter()
     with socket.create_connection(("127.0.0.1", port)) as sock:
@@ -117,6 +127,35 @@ def load(port: int, keys: list[bytes], interval_ms: int, batch: int) -> float:
                     if isinstance(reply, hiredis.ReplyError):
                         raise RuntimeError(f"the check failed: {reply}")
                     if isinstance(reply, list) and reply != [1, 1]:
+                        raise RuntimeError(f"a client was not new, or got no expiry: EXEC -> {reply}")
+                    need -= 1
+    return time.perf_counter() - start
+
+
+def _load_inflight(port: int, keys: list[bytes], expiry: bytes, batch: int) -> float:
+    multi, exec_ = pack(b"MULTI"), pack(b"EXEC")
+    reader = hiredis.Reader()
+    start = time.perf_counter()
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        for i in range(0, len(keys), batch):
+            chunk = keys[i : i + batch]
+            sock.sendall(
+                b"".join(
+                    multi
+                    + pack(b"SADD", k, member(str(uuid.uuid4())))
+                    + pack(b"SCARD", k)
+                    + pack(b"PEXPIRE", k, expiry)
+                    + exec_
+                    for k in chunk
+                )
+            )
+            need = 5 * len(chunk)
+            while need:
+                reader.feed(sock.recv(1 << 20))
+                while need and (reply := reader.gets()) is not False:
+                    if isinstance(reply, hiredis.ReplyError):
+                        raise RuntimeError(f"the publish failed: {reply}")
+                    if isinstance(reply, list) and reply != [1, 1, 1]:
                         raise RuntimeError(f"a client was not new, or got no expiry: EXEC -> {reply}")
                     need -= 1
     return time.perf_counter() - start
@@ -181,6 +220,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=5000, help="checks per round trip")
     parser.add_argument("--redis-server", default=shutil.which("redis-server"), help="the server to start")
     parser.add_argument(
+        "--mode", choices=["seed", "inflight"], default="seed", help="the router mode whose keys to load"
+    )
+    parser.add_argument(
         "--maxmemory-policy", help="e.g. allkeys-lru (sets maxmemory 16gb too); default: the server's"
     )
     args = parser.parse_args()
@@ -191,7 +233,8 @@ def main() -> None:
     prefix = config.key_prefix
     interval_ms = max(1, round(config.reset_interval * 1000))
     width = max(6, len(str(args.clients - 1)))
-    keys = [client_key(prefix, f"client-{i:0{width}d}").encode() for i in range(args.clients)]
+    key_of = inflight_key if args.mode == "inflight" else client_key
+    keys = [key_of(prefix, f"client-{i:0{width}d}").encode() for i in range(args.clients)]
 
     extra = (
         ["--maxmemory", "16gb", "--maxmemory-policy", args.maxmemory_policy] if args.maxmemory_policy else []
@@ -202,7 +245,7 @@ def main() -> None:
             version = str(r.info("server")["redis_version"])
             policy = str(r.config_get("maxmemory-policy")["maxmemory-policy"])
         before = used_memory(port)
-        seconds = load(port, keys, interval_ms, args.batch)
+        seconds = load(port, keys, interval_ms, args.batch, args.mode == "inflight")
         with_ttl = check_ttls(port, keys, interval_ms, args.batch)
         after, settle = settled_memory(port)
         with redis.Redis(port=port) as r:
@@ -228,6 +271,7 @@ def main() -> None:
     expires_table = int(db0.get("overhead.hashtable.expires", 0))
     result = {
         "benchmark": "memory",
+        "mode": args.mode,
         "redis_version": version,
         "code": code_version(),
         "maxmemory_policy": policy,
@@ -249,7 +293,7 @@ def main() -> None:
         "settle_seconds": round(settle, 1),
     }
     print(
-        f"Redis {version}, maxmemory-policy {policy}, prefix {prefix!r}, {n} clients "
+        f"Redis {version}, mode {args.mode}, maxmemory-policy {policy}, prefix {prefix!r}, {n} clients "
         f"(keys like {sample.decode()!r}), TTL {interval_ms} ms, loaded in {seconds:.1f} s; "
         f"no rehash pending {settle:.1f} s after the TTL check; "
         f"code {code_version()}"

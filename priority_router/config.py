@@ -28,6 +28,8 @@ CELERY_PREFIX = "priority_router_"
 _PYTHON_ONLY = {"not_text": True}
 #: Shortest idle reset accepted, in seconds.
 MIN_RESET_INTERVAL = 1.0
+#: The counting modes: what a client's pending count measures.
+MODES = ("seed", "inflight")
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,12 @@ class RouterConfig:
     #: Decide, count and show each document's priority (headers, Flower, metrics, CLI)
     #: without applying it: the broker and the app get what plain Celery gives them.
     dry_run: bool = False
+    #: What a client's count measures: "seed" (documents submitted in the busy spell, the
+    #: published scheme) or "inflight" (documents published and not yet finished).
+    mode: str = "seed"
+    #: Seconds after which a waiting document is served before fresher ones, oldest first,
+    #: whatever its priority (anti-starvation; Redis broker only).  None turns it off.
+    max_wait: float | None = None
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -89,6 +97,8 @@ class RouterConfig:
         set_(self, "socket_timeout", _positive("socket_timeout", self.socket_timeout))
         set_(self, "cooldown", _positive("cooldown", self.cooldown))
         set_(self, "thresholds", _policy(self.thresholds))
+        if self.max_wait is not None:
+            set_(self, "max_wait", _max_wait(self.max_wait))
         check_priority("default_priority", self.default_priority)
         for name in ("key_prefix", "client_id_header", "client_id_kwarg"):
             value = getattr(self, name)
@@ -107,6 +117,10 @@ class RouterConfig:
                 "pass a function (task_name, args, kwargs, headers) -> client id, or None",
             )
         set_(self, "tasks", _tasks(self.tasks))
+        if self.mode not in MODES:
+            raise ConfigurationError(
+                "mode", f"{self.mode!r} is not a counting mode", f"use one of {', '.join(MODES)}"
+            )
         port = self.metrics_port
         if port is not None and (
             isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535
@@ -230,6 +244,21 @@ def _positive(name: str, value: object) -> float:
         or value <= 0
     ):
         raise ConfigurationError(name, f"{value!r} is not a positive number of seconds", "use a value > 0")
+    return float(value)
+
+
+def _max_wait(value: object) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ConfigurationError(
+            "max_wait",
+            f"{value!r} is not a positive number of seconds",
+            "use the seconds after which a waiting document goes first (e.g. 300), or None for off",
+        )
     return float(value)
 
 

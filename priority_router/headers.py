@@ -13,3 +13,6 @@ PUBLISHED_AT = "priority_router_published_at"
 #: Present (True) when the router ran in dry run: the decision was made and counted,
 #: but the message's broker priority is the one plain Celery gave it.
 DRY_RUN = "priority_router_dry_run"
+#: Present (True) on a document counted in ``mode="inflight"`` (a retry copies it): the
+#: worker ends it when it finishes.
+INFLIGHT = "priority_router_inflight"

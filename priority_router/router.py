@@ -25,6 +25,7 @@ from .redact import redact_url
 from .store.breaker import CircuitBreaker
 from .store.connection import make_client
 from .store.counter import Counter, CounterState
+from .store.inflight import InflightCounter
 from .store.keys import normalize_client_id
 
 logger = logging.getLogger("priority_router")
@@ -82,6 +83,14 @@ class PriorityRouter:
             redis_client = make_client(config.redis_url, config.connect_timeout, config.socket_timeout)
         self.redis = redis_client
         self.counter = Counter(redis_client, config.key_prefix, config.reset_interval)
+        #: The in-flight sets (``mode="inflight"``), else None.
+        self.inflight = (
+            InflightCounter(redis_client, config.key_prefix, config.reset_interval)
+            if config.mode == "inflight"
+            else None
+        )
+        #: The store the mode counts in: what ``peek``, ``state``, ``reset`` and the CLI read.
+        self.store: Counter | InflightCounter = self.inflight or self.counter
         self.policy = config.thresholds
         self.metrics = _metrics_for(config)
         self._breaker = CircuitBreaker(
@@ -102,16 +111,33 @@ class PriorityRouter:
 
     # -- the counter ------------------------------------------------------------------
 
-    def record(self, client_id: object) -> Decision:
+    def record(self, client_id: object, task_id: str | None = None) -> Decision:
         """One counted submission for ``client_id``: the new pending count and its priority.
 
-        Raises :class:`CounterUnavailable` when Redis cannot answer and ``ValueError``
-        when ``client_id`` cannot be a client id (None, empty, a container).
+        In ``mode="inflight"`` the document's ``task_id`` is required (it is what
+        :meth:`end` takes off again) and ignored otherwise.  Raises
+        :class:`CounterUnavailable` when Redis cannot answer and ``ValueError`` when
+        ``client_id`` cannot be a client id (None, empty, a container).
         """
         client = self._client(client_id)
-        with _store_errors("count", client):
-            pending = self.counter.check(client)
+        if self.inflight is not None:
+            with _store_errors("count", client):
+                pending = self.inflight.check(client, _task_id(task_id))
+        else:
+            with _store_errors("count", client):
+                pending = self.counter.check(client)
         return Decision(client, pending, self.policy.priority_for(pending))
+
+    def end(self, client_id: object, task_id: str) -> bool:
+        """``mode="inflight"``: document ``task_id`` of ``client_id`` is finished; True when
+        this call ended it (a document is ended at most once).  Installed workers call it
+        for every counted document; call it yourself only for documents that run elsewhere.
+        """
+        if self.inflight is None:
+            raise ConfigurationError("mode", "end() counts finished documents", 'use mode="inflight"')
+        client = self._client(client_id)
+        with _store_errors("end", client):
+            return self.inflight.end(client, _task_id(task_id))
 
     def record_many(self, client_id: object, n: int) -> list[Decision]:
         """``n`` counted submissions for ``client_id`` in one Redis round trip: exactly the
@@ -121,6 +147,7 @@ class PriorityRouter:
         """
         client = self._client(client_id)
         count = _batch_size(n)
+        self._no_inflight_batch()
         with _store_errors("count", client):
             pendings = self.counter.check_many(client, count)
         priority_for = self.policy.priority_for
@@ -141,6 +168,7 @@ class PriorityRouter:
         the batch's documents get ``default_priority``, as single publishes do.
         """
         client = self._client(client_id)
+        self._no_inflight_batch()
         reserved = Batch(client, self.decide_many(client, _batch_size(n)))
         token = current_batch.set(reserved)
         try:
@@ -158,9 +186,9 @@ class PriorityRouter:
         """Forget one client's count (its next document is checked at 0); True if it had one."""
         client = self._client(client_id)
         with _store_errors("reset", client):
-            return self.counter.clear(client)
+            return self.store.clear(client)
 
-    def decide(self, client_id: str) -> Decision:
+    def decide(self, client_id: str, task_id: str | None = None) -> Decision:
         """Like :meth:`record`, but never raises: when the counter store fails the
         decision is ``default_priority`` and the store is left alone for ``cooldown``.
         """
@@ -174,7 +202,12 @@ class PriorityRouter:
         metrics = self.metrics
         started = time.perf_counter() if metrics is not None else 0.0
         try:
-            pending = self.counter.check(client_id)
+            if self.inflight is None:
+                pending = self.counter.check(client_id)
+            elif isinstance(task_id, str) and task_id:
+                pending = self.inflight.check(client_id, task_id)
+            else:  # nothing to end it by: not counted (Celery always gives an id)
+                return Decision(client_id, None, self.config.default_priority, Reason.FAIL_OPEN)
         except Exception as exc:
             self._breaker.failure(exc)
             return Decision(client_id, None, self.config.default_priority, Reason.FAIL_OPEN)
@@ -201,7 +234,16 @@ class PriorityRouter:
         """What the counter store holds for one client (count and time to its reset)."""
         client = self._client(client_id)
         with _store_errors("read", client):
-            return self.counter.read(client)
+            return self.store.read(client)
+
+    def _no_inflight_batch(self) -> None:
+        if self.inflight is not None:
+            raise ConfigurationError(
+                "mode",
+                'record_many() and batch() count documents before they have task ids, which mode="inflight" '
+                "needs to end them",
+                "publish the documents without batch() (each is counted on its own), or use the seed mode",
+            )
 
     @staticmethod
     def _client(client_id: object) -> str:
@@ -242,6 +284,12 @@ def _store_errors(what: str, client: str) -> Iterator[None]:
         yield
     except (redis.RedisError, RedisClusterException, OSError) as exc:
         raise CounterUnavailable(f"could not {what} {client!r}: {exc}") from exc
+
+
+def _task_id(task_id: object) -> str:
+    if not isinstance(task_id, str) or not task_id:
+        raise ValueError(f'mode="inflight" counts a document by its task id; {task_id!r} is not one')
+    return task_id
 
 
 def _batch_size(n: object) -> int:

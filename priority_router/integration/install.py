@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from celery import Celery
-from celery.signals import before_task_publish, celeryd_init, task_received, worker_init
+from celery.signals import before_task_publish, celeryd_init, task_received, worker_init, worker_ready
 
 from .. import headers as H
 from ..config import celery_values, unknown_celery_settings
@@ -37,9 +37,11 @@ from ..errors import ConfigurationError
 from .brokers import Transport, transport_of
 from .celery_settings import Change, apply_changes, describe, first_time, wanted_changes, warn_kept
 from .consumers import ConsumerWatch
+from .endings import unwatch_endings, watch_endings
 from .publish import PublishReceiver
 from .rabbitmq import QUORUM_PRIORITIES, check_worker_queues, quorum_queue_names
 from .sender import publishing_app, unwrap_sender, wrap_sender
+from .starvation import AMQP_FIX, AMQP_REFUSAL, Sweeper, start_sweeper
 from .worker import unwatch, watch_queue_wait
 
 if TYPE_CHECKING:
@@ -63,6 +65,8 @@ class Installation:
     quorum_queues: list[str] = field(default_factory=list)
     #: The app's ``priority_router_*`` settings the router last followed.
     celery_settings: dict[str, Any] | None = None
+    #: The worker's max_wait sweeper (Redis), once the worker is ready.
+    sweeper: Sweeper | None = None
 
 
 #: Where an app keeps its installation: read on every publish, so a plain attribute
@@ -132,6 +136,9 @@ def uninstall(router: PriorityRouter, app: Celery) -> bool:
         if installation.watch is not None:
             installation.watch.stop()
         unwatch(app)
+        unwatch_endings(app)
+        if installation.sweeper is not None:
+            installation.sweeper.stop()
         app.on_after_configure.disconnect(dispatch_uid=_UID)
         unwrap_sender(app)
         return True
@@ -171,6 +178,8 @@ def _settle(app: Celery, installation: Installation) -> Transport:
         installation.celery_settings = settings
         if router.follow(settings):
             receiver.use(router.config)
+    if router.config.mode == "inflight":
+        watch_endings(app, router_of)  # the end of each counted document, on workers
     typos = unknown_celery_settings(app.conf)
     if typos and first_time(warned, "typos"):
         logger.warning(
@@ -179,6 +188,8 @@ def _settle(app: Celery, installation: Installation) -> Transport:
             ", ".join(typos),
         )
     transport = transport_of(app)
+    if transport is Transport.AMQP and router.config.max_wait is not None:
+        raise ConfigurationError("max_wait", f"is not supported on RabbitMQ: {AMQP_REFUSAL}", AMQP_FIX)
     changes = wanted_changes(app, transport)
     if router.config.dry_run:
         _report_dry_run(app, changes, warned)
@@ -277,13 +288,26 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
         check_worker_queues(app, installation.quorum_queues)
 
 
+def _on_worker_ready(sender: Any = None, **_: Any) -> None:
+    app = getattr(sender, "app", None)
+    installation = _installation(app) if app is not None else None
+    if installation is None or _dry_run(installation) or installation.sweeper is not None:
+        return
+    max_wait = installation.router.config.max_wait
+    if max_wait is not None and installation.receiver.transport is Transport.REDIS:
+        installation.sweeper = start_sweeper(app, sender, max_wait)
+
+
 def _settle_worker(app: Celery, installation: Installation) -> Transport:
     installation.receiver.on_publish = None  # workers do not inspect other workers
     try:
-        return _settle(app, installation)
+        transport = _settle(app, installation)
     except ConfigurationError as exc:
         logger.critical("priority-router: %s", exc)
         raise SystemExit(f"priority-router: {exc}") from None
+    if installation.router.config.max_wait is not None:
+        worker_ready.connect(_on_worker_ready, dispatch_uid=_UID)  # starts the max_wait sweeper
+    return transport
 
 
 def _on_publish(**kwargs: Any) -> None:

@@ -47,8 +47,9 @@ logger = logging.getLogger("priority_router")
 MAX_HEADER_ID = 1024
 
 
-#: ``decide(client_id)``: count one document and price it (never raises).
-Decide = Callable[[str], Decision]
+#: ``decide(client_id)``, or ``decide(client_id, task_id)`` in ``mode="inflight"``: count
+#: one document and price it (never raises).
+Decide = Callable[..., Decision]
 #: ``settle(app)``: settle on the app's configuration now; the transport, or None.
 Settle = Callable[[Celery], "Transport | None"]
 
@@ -88,6 +89,7 @@ class PublishReceiver:
         self._annotate = config.flower_kwargsrepr
         self._default_priority = config.default_priority
         self.dry_run = config.dry_run
+        self._inflight = config.mode == "inflight"
 
     def __call__(
         self,
@@ -167,6 +169,8 @@ class PublishReceiver:
             if inherited is not None:
                 return inherited
             return Decision(None, None, self._default_priority, Reason.NO_CLIENT)
+        if self._inflight:
+            return self._decide(client, _task_id(body, headers))
         return self._decide(client)
 
     def _stamp(
@@ -193,6 +197,8 @@ class PublishReceiver:
         headers[H.PRIORITY] = decision.priority
         headers[H.PENDING] = decision.pending
         headers[H.PUBLISHED_AT] = time.time()
+        if self._inflight and decision.pending is not None and decision.reason is not Reason.INHERITED:
+            headers[H.INFLIGHT] = True  # counted in the in-flight set: the worker ends it
         if self._annotate and isinstance(headers.get("kwargsrepr"), str):
             headers["kwargsrepr"] = annotate_kwargsrepr(headers["kwargsrepr"], decision, self.dry_run)
         if self.on_decision is not None:
@@ -293,6 +299,14 @@ def _inherited_from_headers(headers: dict[str, Any], client_header: str) -> Deci
         priority,
         Reason.INHERITED,
     )
+
+
+def _task_id(body: Any, headers: dict[str, Any]) -> object:
+    """The document's task id: protocol 2 keeps it in the headers, protocol 1 in the body."""
+    task_id = headers.get("id")
+    if task_id is None and isinstance(body, dict):
+        task_id = body.get("id")
+    return task_id
 
 
 def _args_kwargs(body: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:

@@ -24,7 +24,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from ..config import RouterConfig
+from ..config import MODES, RouterConfig
 from ..errors import ConfigurationError, CounterUnavailable, PriorityRouterError
 from ..redact import redact_url
 from ..router import PriorityRouter, installed_router
@@ -46,11 +46,18 @@ router_app_option = click.option(
 
 
 class Context:
-    def __init__(self, redis_url: str | None, key_prefix: str | None, reset_interval: float | None) -> None:
+    def __init__(
+        self,
+        redis_url: str | None,
+        key_prefix: str | None,
+        reset_interval: float | None,
+        mode: str | None = None,
+    ) -> None:
         self._overrides: dict[str, Any] = {
             "redis_url": redis_url,
             "key_prefix": key_prefix,
             "reset_interval": reset_interval,
+            "mode": mode,
         }
         self._router: PriorityRouter | None = None
 
@@ -106,6 +113,7 @@ def store_options(command: Any) -> Any:
         ("--reset-interval", float, "Idle seconds before a client's count resets."),
         ("--key-prefix", str, "Key prefix."),
         ("--redis-url", str, "Counter store."),
+        ("--mode", click.Choice(MODES), "Counting mode (inflight: documents not yet finished)."),
     ):
         option = click.option(name, type=kind, help=text, expose_value=False, callback=_after_subcommand)
         command = option(command)
@@ -125,13 +133,23 @@ def store_options(command: Any) -> Any:
     envvar="PRIORITY_ROUTER_RESET_INTERVAL",
     help="Idle seconds before a client's count resets [PRIORITY_ROUTER_RESET_INTERVAL, 1500].",
 )
+@click.option(
+    "--mode",
+    type=click.Choice(MODES),
+    envvar="PRIORITY_ROUTER_MODE",
+    help="Counting mode: seed, or inflight (documents not yet finished) [PRIORITY_ROUTER_MODE, seed].",
+)
 @click.version_option(package_name="priority-router")
 @click.pass_context
 def main(
-    ctx: click.Context, redis_url: str | None, key_prefix: str | None, reset_interval: float | None
+    ctx: click.Context,
+    redis_url: str | None,
+    key_prefix: str | None,
+    reset_interval: float | None,
+    mode: str | None,
 ) -> None:
     """Inspect and manage priority-router's per-client priorities."""
-    ctx.obj = Context(redis_url, key_prefix, reset_interval)
+    ctx.obj = Context(redis_url, key_prefix, reset_interval, mode)
 
 
 def _router(ctx: click.Context, app_name: str | None = None) -> PriorityRouter:
@@ -151,7 +169,7 @@ def _router(ctx: click.Context, app_name: str | None = None) -> PriorityRouter:
 
 
 def _row(router: PriorityRouter, state: CounterState) -> dict[str, Any]:
-    interval = router.counter.reset_interval_ms / 1000
+    interval = router.store.reset_interval_ms / 1000
     ttl = state.ttl_ms / 1000 if state.ttl_ms is not None else None
     return {
         "client_id": state.client_id,
@@ -159,6 +177,7 @@ def _row(router: PriorityRouter, state: CounterState) -> dict[str, Any]:
         "priority": router.policy.priority_for(state.pending),
         "seconds_since_update": round(interval - ttl, 3) if ttl is not None else None,
         "seconds_until_reset": round(ttl, 3) if ttl is not None else None,
+        **({"in_flight": 1 - state.pending if ttl is not None else 0} if router.inflight is not None else {}),
     }
 
 
@@ -172,7 +191,7 @@ def status(ctx: click.Context, as_json: bool, app_name: str | None, limit: int |
     """Every tracked client: pending count, priority, last update, time to reset."""
     router = _router(ctx, app_name)
     try:
-        rows = [_row(router, s) for s in router.counter.scan()]
+        rows = [_row(router, s) for s in router.store.scan()]
     except Exception as exc:
         _fail(f"cannot read {redact_url(router.config.redis_url)}: {exc}")
     rows.sort(key=lambda r: (r["priority"], -r["pending"], r["client_id"]))
@@ -182,7 +201,9 @@ def status(ctx: click.Context, as_json: bool, app_name: str | None, limit: int |
         _emit_json(rows)
         return
     table = Table(title=f"priority-router clients at {redact_url(router.config.redis_url)}")
-    for column in ("client", "pending", "priority", "since update", "until reset"):
+    inflight = router.inflight is not None
+    columns = ("client", "pending", "priority", "since update", "until reset")
+    for column in columns + (("in flight",) if inflight else ()):
         table.add_column(column, justify="left" if column == "client" else "right")
     for r in rows:
         table.add_row(
@@ -191,6 +212,7 @@ def status(ctx: click.Context, as_json: bool, app_name: str | None, limit: int |
             str(r["priority"]),
             _seconds(r["seconds_since_update"]),
             _seconds(r["seconds_until_reset"]),
+            *((str(r["in_flight"]),) if inflight else ()),
         )
     console.print(table)
     console.print(f"{len(rows)} client(s) tracked")
@@ -243,7 +265,7 @@ def reset(ctx: click.Context, client: str | None, everyone: bool, yes: bool, app
         if not yes:
             _fail("reset --all forgets every client's count; add --yes to confirm", 2)
         try:
-            deleted = router.counter.clear_all()
+            deleted = router.store.clear_all()
         except Exception as exc:
             _fail(f"cannot reset at {redact_url(router.config.redis_url)}: {exc}")
         click.echo(f"reset {deleted} client(s)")

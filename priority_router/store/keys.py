@@ -69,3 +69,20 @@ def client_id_from_key(prefix: str, key: str) -> str | None:
 def glob_escape(text: str) -> str:
     """``text`` with Redis glob characters escaped, for SCAN's MATCH."""
     return "".join("\\" + ch if ch in "*?[]\\" else ch for ch in text)
+
+
+#: Ends the key of one client's in-flight set (inflight mode); a seed counter key ends
+#: with its hash tag's ``}``, so the two never collide and neither SCAN pattern matches the other.
+INFLIGHT_SUFFIX = ":i"
+
+
+def inflight_key(prefix: str, client_id: str) -> str:
+    """The Redis key of one client's set of in-flight documents (inflight mode)."""
+    return f"{prefix}{{{client_token(client_id)}}}{INFLIGHT_SUFFIX}"
+
+
+def client_id_from_inflight_key(prefix: str, key: str) -> str | None:
+    """Inverse of :func:`inflight_key` for display."""
+    if not key.endswith("}" + INFLIGHT_SUFFIX):
+        return None
+    return client_id_from_key(prefix, key[: -len(INFLIGHT_SUFFIX)])

@@ -1,0 +1,124 @@
+"""``mode="inflight"`` on the worker: the end of each counted document takes it off its
+client's in-flight set.
+
+A document counted at publish carries the ``priority_router_inflight`` header (a retry
+copies it; a child task or an uncounted document has none).  Its end is whichever of
+these the worker sees:
+
+- ``task_postrun`` in the process that ran it (a prefork child, a thread, solo) with any
+  state but ``RETRY``: success, failure, ``Ignore``, ``Reject``; a retry's final run ends it;
+- ``task_revoked`` (revoked, terminated, or expired before it ran);
+- ``task_failure`` sent by the worker's main process for a document whose process was
+  lost (``WorkerLostError``), rejected without requeue, or killed at its hard time limit;
+- ``task_unknown`` (no such task registered in this worker).
+
+Each end is ``SREM`` of the document's member: it removes it at most once, so end events
+seen twice and documents run twice after a redelivery are ended exactly once.  A
+document whose worker was killed is redelivered (late acks) and ended when it finally
+runs; an end lost for good (its message is gone) is cleared by the idle reset.  Reaching
+Redis never breaks a task: a failure is logged once and the store is left alone for
+``cooldown``, as publishes do.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from celery import Celery
+from celery import states as S
+from celery.exceptions import Reject, TimeLimitExceeded, WorkerLostError
+from celery.signals import task_failure, task_postrun, task_revoked, task_unknown
+
+from .. import headers as H
+from ..store.keys import normalize_client_id
+
+if TYPE_CHECKING:
+    from ..router import PriorityRouter
+
+logger = logging.getLogger("priority_router")
+
+_UID = "priority_router:endings"
+#: Exceptions the worker's main process reports for documents ``task_postrun`` never saw end.
+_LOST = (WorkerLostError, TimeLimitExceeded, Reject)
+
+RouterOf = Callable[[Celery], "PriorityRouter | None"]
+_watched: weakref.WeakKeyDictionary[Celery, RouterOf] = weakref.WeakKeyDictionary()
+
+
+def watch_endings(app: Celery, router_of: RouterOf) -> None:
+    """End ``app``'s counted documents on this worker (idempotent)."""
+    _watched[app] = router_of
+    task_postrun.connect(_on_postrun, dispatch_uid=_UID)
+    task_revoked.connect(_on_revoked, dispatch_uid=_UID)
+    task_failure.connect(_on_failure, dispatch_uid=_UID)
+    task_unknown.connect(_on_unknown, dispatch_uid=_UID)
+
+
+def unwatch_endings(app: Celery) -> None:
+    _watched.pop(app, None)
+
+
+def end_document(router: PriorityRouter, fields: Any, task_id: object) -> bool:
+    """End one document given its request (attributes) or headers (a mapping); True when
+    this call ended it.  Never raises."""
+    inflight = router.inflight
+    if inflight is None or not isinstance(task_id, str) or not task_id:
+        return False
+    if not _field(fields, H.INFLIGHT):
+        return False
+    client = normalize_client_id(_field(fields, router.config.client_id_header))
+    if client is None:
+        return False
+    breaker = router._breaker
+    if not breaker.allow():
+        return False
+    try:
+        ended = inflight.end(client, task_id)
+    except Exception as exc:
+        breaker.failure(exc)
+        return False
+    breaker.success()
+    return ended
+
+
+def _field(fields: Any, name: str) -> Any:
+    return fields.get(name) if isinstance(fields, Mapping) else getattr(fields, name, None)
+
+
+def _router(app: object) -> PriorityRouter | None:
+    router_of = _watched.get(app) if isinstance(app, Celery) else None
+    return router_of(app) if router_of is not None else None
+
+
+def _on_postrun(
+    sender: Any = None, task_id: Any = None, task: Any = None, state: Any = None, **_: Any
+) -> None:
+    if state == S.RETRY or task is None:
+        return
+    router = _router(getattr(task, "app", None))
+    if router is not None:
+        end_document(router, task.request, task_id)
+
+
+def _on_revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
+    router = _router(getattr(sender, "app", None))
+    if router is not None and request is not None:
+        end_document(router, request, getattr(request, "id", None))
+
+
+def _on_failure(sender: Any = None, task_id: Any = None, exception: Any = None, **_: Any) -> None:
+    # An ordinary failure is ended by task_postrun in the process that ran it.
+    if not isinstance(exception, _LOST) or (isinstance(exception, Reject) and exception.requeue):
+        return
+    router = _router(getattr(sender, "app", None))
+    if router is not None:
+        end_document(router, sender.request, task_id)
+
+
+def _on_unknown(sender: Any = None, id: Any = None, message: Any = None, **_: Any) -> None:
+    router = _router(getattr(sender, "app", None))
+    if router is not None and message is not None:
+        end_document(router, getattr(message, "headers", None) or {}, id)

@@ -1,0 +1,114 @@
+"""mode="inflight" with real workers: the count is documents published and not finished."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable
+
+from celery import Celery
+from support.services import Worker, running_worker
+
+from priority_router import PriorityRouter
+from priority_router.store.inflight import member
+
+HOLD = "tests.hold_and_record"
+
+
+def _env(worker_env: dict[str, str]) -> dict[str, str]:
+    return {**worker_env, "PRIORITY_ROUTER_MODE": "inflight"}
+
+
+def _router(env: dict[str, str]) -> PriorityRouter:
+    return PriorityRouter.from_env(env, socket_timeout=5, connect_timeout=5)
+
+
+def _wait_in_flight(router: PriorityRouter, client: str, expected: int, timeout: float = 30) -> int:
+    """The client's in-flight count once it is ``expected`` (ends follow results closely)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        count = 1 - router.peek(client).pending if router.state(client).ttl_ms is not None else 0
+        if count == expected or time.monotonic() > deadline:
+            return count
+        time.sleep(0.05)
+
+
+def test_one_document_at_a_time_stays_at_priority_1(
+    producer: Callable[[], Celery], worker_env: dict[str, str]
+) -> None:
+    env = _env(worker_env)
+    app = _app(producer, env)
+    router = _router(env)
+    priorities = []
+    with running_worker(env, "--pool", "prefork", "--concurrency", "1"):
+        for n in range(30):
+            result = app.send_task(HOLD, (0,), headers={"client_id": "steady"})
+            priorities.append(result.get(timeout=60)["priority"])
+            assert _wait_in_flight(router, "steady", 0) == 0, n
+    assert priorities == [1] * 30
+
+
+def test_a_burst_sinks_its_client_and_it_climbs_back(
+    producer: Callable[[], Celery], worker_env: dict[str, str]
+) -> None:
+    env = _env(worker_env)
+    app = _app(producer, env)
+    router = _router(env)
+    results = [app.send_task(HOLD, (0.05,), headers={"client_id": "bursty"}) for _ in range(25)]
+    assert router.peek("bursty").priority in (8, 9) and router.peek("bursty").pending == -24
+    seen = []
+    with running_worker(env, "--pool", "threads", "--concurrency", "2"):
+        for r in results:
+            r.get(timeout=90)
+            seen.append(router.peek("bursty").pending)
+        assert _wait_in_flight(router, "bursty", 0) == 0
+    ran = [r.get()["priority"] for r in results]
+    assert ran[-1] == 9 and ran[-4:] == [9] * 4 and ran[:3] == [1, 1, 1]
+    assert seen == sorted(seen), "the count climbs back as documents finish"
+    assert router.peek("bursty").priority == 1
+
+
+def test_a_killed_workers_documents_are_ended_exactly_once(
+    producer: Callable[[], Celery], worker_env: dict[str, str]
+) -> None:
+    env = _env(worker_env)
+    if worker_env["BROKER_URL"].startswith("redis"):
+        env["BROKER_TRANSPORT_OPTIONS"] = (
+            '{"visibility_timeout": 3, "unacked_restore_interval": 1, "unacked_restore_throttle": 1}'
+        )
+    app = _app(producer, env)
+    router = _router(env)
+    ids = [app.send_task(HOLD, (1.5,), headers={"client_id": "acme"}).id for _ in range(6)]
+    key = router.store.key("acme")
+    first = Worker(env, "--pool", "threads", "--concurrency", "2")
+    try:
+        first.wait_ready()
+        deadline = time.monotonic() + 60
+        while first.output().count("received") < 2:
+            assert time.monotonic() < deadline, first.output()
+            time.sleep(0.05)
+        time.sleep(0.3)
+        first.process.send_signal(signal.SIGKILL)
+        first.process.wait()
+    finally:
+        first.stop()
+    # Nothing unfinished was ended by the kill.
+    unfinished = [i for i in ids if not app.AsyncResult(i).ready()]
+    assert unfinished
+    assert all(router.redis.sismember(key, member(i)) for i in unfinished)
+    with running_worker(env, "--pool", "threads", "--concurrency", "2"):
+        for i in ids:
+            app.AsyncResult(i).get(timeout=120)
+        assert _wait_in_flight(router, "acme", 0) == 0
+    assert router.peek("acme").pending == 0
+
+
+def _app(producer: Callable[[], Celery], env: dict[str, str]) -> Celery:
+    """The producer fixture's app (closed and its queue deleted after the test), in inflight mode."""
+    app = producer()
+    app.conf.priority_router_mode = env["PRIORITY_ROUTER_MODE"]
+    if "BROKER_TRANSPORT_OPTIONS" in env:
+        import json
+
+        app.conf.broker_transport_options = json.loads(env["BROKER_TRANSPORT_OPTIONS"])
+    return app

@@ -1,0 +1,89 @@
+"""mode="inflight": the in-flight set's publish and end (docs/scheme.md, "Inflight mode")."""
+
+from __future__ import annotations
+
+import uuid
+
+import fakeredis
+import pytest
+
+from priority_router import PriorityRouter
+from priority_router.config import RouterConfig
+from priority_router.errors import ConfigurationError
+from priority_router.store.inflight import member
+from priority_router.store.keys import client_id_from_inflight_key, client_key, inflight_key
+
+
+@pytest.fixture
+def router() -> PriorityRouter:
+    return PriorityRouter(mode="inflight", redis_client=fakeredis.FakeRedis())
+
+
+def test_publish_lowers_and_end_raises_exactly_once(router: PriorityRouter) -> None:
+    ids = [str(uuid.uuid4()) for _ in range(5)]
+    assert [router.record("acme", i).pending for i in ids] == [0, -1, -2, -3, -4]
+    assert router.record("acme", ids[0]).pending == -4, "a duplicate publish adds nothing"
+    assert router.end("acme", ids[0]) is True
+    assert router.end("acme", ids[0]) is False, "a duplicate end changes nothing"
+    assert router.peek("acme").pending == -3
+    for i in ids[1:]:
+        assert router.end("acme", i) is True
+    assert router.peek("acme").pending == 0 and router.state("acme").ttl_ms is None
+    assert router.end("acme", ids[1]) is False, "never above nothing in flight"
+    assert router.end("acme", "never-published") is False
+    assert router.peek("acme").pending == 0
+    assert router.record("acme", "x").pending == 0
+
+
+def test_keys_do_not_collide_with_the_seed_counter() -> None:
+    fake = fakeredis.FakeRedis()
+    seed = PriorityRouter(redis_client=fake)
+    inflight = PriorityRouter(mode="inflight", redis_client=fake)
+    assert seed.record("acme").pending == 0
+    assert inflight.record("acme", "t1").pending == 0
+    assert seed.record("acme").pending == -1
+    assert inflight.record("acme", "t2").pending == -1
+    assert [s.client_id for s in seed.store.scan()] == ["acme"]
+    assert [(s.client_id, s.pending) for s in inflight.store.scan()] == [("acme", -1)]
+    assert inflight.store.clear_all() == 1
+    assert seed.peek("acme").pending == -1
+    key = inflight_key("priority-router:", "a{b}:i")
+    assert key != client_key("priority-router:", "a{b}:i")
+    assert client_id_from_inflight_key("priority-router:", key) == "a{b}:i"
+
+
+def test_ttl_is_the_idle_reset_rearmed_by_ends(router: PriorityRouter) -> None:
+    router.record("acme", "a")
+    router.record("acme", "b")
+    router.redis.pexpire(router.store.key("acme"), 10)
+    router.end("acme", "a")
+    assert router.state("acme").ttl_ms > 1_000_000
+
+
+def test_members_are_small_integers_for_an_intset() -> None:
+    m = member(str(uuid.uuid4()))
+    assert -(2**63) <= int(m) < 2**63 and str(int(m)).encode() == m
+    assert member("a") != member("b")
+
+
+def test_batch_and_record_many_refuse_in_inflight_mode(router: PriorityRouter) -> None:
+    with pytest.raises(ConfigurationError, match="inflight"):
+        router.record_many("acme", 3)
+    with pytest.raises(ConfigurationError, match="inflight"), router.batch("acme", 3):
+        pass
+    with pytest.raises(ValueError, match="task id"):
+        router.record("acme")
+    with pytest.raises(ConfigurationError):
+        PriorityRouter(redis_client=fakeredis.FakeRedis()).end("acme", "t")
+
+
+def test_mode_setting() -> None:
+    assert RouterConfig().mode == "seed"
+    assert RouterConfig.from_env({"PRIORITY_ROUTER_MODE": "inflight"}).mode == "inflight"
+    with pytest.raises(ConfigurationError, match="seed, inflight"):
+        RouterConfig(mode="pending")
+
+
+def test_decide_without_a_task_id_is_not_counted(router: PriorityRouter) -> None:
+    decision = router.decide("acme")
+    assert decision.pending is None and router.peek("acme").pending == 0
