@@ -25,6 +25,7 @@ def test_the_wheel_ships_priority_router_only(tmp_path: Path) -> None:
     tops = {name.split("/")[0] for name in names}
     assert tops == {"priority_router", wheel.name.split("-py")[0] + ".dist-info"}, tops
     assert "priority_router/py.typed" in names
+    assert "priority_router/integration/lua/promote.lua" in names, "max_wait's script is package data"
     assert not [n for n in names if "demo" in n or "local_redis" in n]
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
