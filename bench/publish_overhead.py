@@ -17,7 +17,7 @@ woken, and the hook itself is a signal dispatch).  So a fourth kind of block, ``
 publishes plainly with a receiver that only sends one ``PING``: the least any
 synchronous design that asks Redis once per publish can add.
 
-    python bench/publish_overhead.py [--processes 3] [--blocks 30] [--block 100]
+    python bench/publish_overhead.py [--processes 3] [--blocks 30] [--block 100] [--mode seed|inflight]
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 
-def child(redis_url: str, blocks: int, block: int) -> dict[str, Any]:
+def child(redis_url: str, blocks: int, block: int, mode: str) -> dict[str, Any]:
     import redis
     from celery import Celery
     from celery.signals import before_task_publish
@@ -53,6 +53,7 @@ def child(redis_url: str, blocks: int, block: int) -> dict[str, Any]:
         "PRIORITY_ROUTER_REDIS_URL": f"{redis_url}/13",
         "PRIORITY_ROUTER_KEY_PREFIX": f"overhead-{tag}:",
         "PRIORITY_ROUTER_CONSUMER_CHECK_INTERVAL": "0",
+        "PRIORITY_ROUTER_MODE": mode,
     }
     plain = create_app({**env, "WORKERS_ROUTER": "off"})
     routed = create_app({**env, "WORKERS_ROUTER": "on"})
@@ -140,18 +141,19 @@ def main() -> None:
     )
     parser.add_argument("--blocks", type=int, default=30, help="alternating block triples per process")
     parser.add_argument("--block", type=int, default=100, help="publishes (or PINGs) per block")
+    parser.add_argument("--mode", choices=["seed", "inflight"], default="seed", help="the router's mode")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     redis_url = args.redis.rstrip("/")
     if args.child:
-        print(json.dumps(child(redis_url, args.blocks, args.block)))
+        print(json.dumps(child(redis_url, args.blocks, args.block, args.mode)))
         return
 
     rows = []
     for _ in range(max(1, args.processes)):
         command = [sys.executable, __file__, "--child", "--redis", redis_url]
-        command += ["--blocks", str(args.blocks), "--block", str(args.block)]
+        command += ["--blocks", str(args.blocks), "--block", str(args.block), "--mode", args.mode]
         done = subprocess.run(command, capture_output=True, text=True, check=True)
         rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
     summary = {key: statistics.median(r[key] for r in rows) for key in rows[0]}
@@ -160,7 +162,7 @@ def main() -> None:
         return
     print(
         f"{len(rows)} publisher processes x {args.blocks} alternating blocks of {args.block}, "
-        "Redis broker, medians"
+        f"Redis broker, mode {args.mode}, medians"
     )
     print(
         "| process | plain us/publish | router us/publish | added us | PING us | added in PINGs "
