@@ -26,16 +26,13 @@ about k**2 / 2**65 for k documents in flight (3e-14 for a thousand).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import redis
 
-from .counter import CounterState
-from .keys import client_id_from_inflight_key, glob_escape, inflight_key
-from .packed import CACHE_SIZE, PackedCheck, _bulk, _command
-
-_MULTI = _command(b"MULTI")
-_EXEC = _command(b"EXEC")
+from .keys import INFLIGHT_SUFFIX, client_id_from_inflight_key, inflight_key
+from .keyspace import ClientKeys, Layout
+from .packed import CACHE_SIZE, EXEC, MULTI, bulk, command, supports, transact
 
 
 def member(task_id: str) -> bytes:
@@ -44,27 +41,25 @@ def member(task_id: str) -> bytes:
     return b"%d" % int.from_bytes(digest, "big", signed=True)
 
 
-class InflightCounter:
+#: One set per client: the documents published and not finished.
+INFLIGHT = Layout(
+    key=inflight_key,
+    client_of=client_id_from_inflight_key,
+    suffix=INFLIGHT_SUFFIX,
+    read="scard",
+    pending=lambda value: 1 - int(value) if value else None,
+)
+
+
+class InflightCounter(ClientKeys):
     """Atomic per-client publishes and ends on one Redis (or Redis Cluster) connection."""
 
     def __init__(self, client: redis.Redis, prefix: str, reset_interval: float) -> None:
-        self._redis = client
-        self._prefix = prefix
-        self._interval_ms = max(1, round(reset_interval * 1000))
+        super().__init__(client, prefix, reset_interval, INFLIGHT)
         self._expiry = str(self._interval_ms).encode()
-        self._pattern = glob_escape(prefix) + "{*}" + glob_escape(":i")
         #: Per key: the packed bytes before and after the member.
         self._packed: dict[str, tuple[bytes, bytes]] = {}
-        self._add: Callable[[str, bytes], int] = (
-            self._packed_add if PackedCheck.supports(client) else self._pipelined_add
-        )
-
-    @property
-    def reset_interval_ms(self) -> int:
-        return self._interval_ms
-
-    def key(self, client_id: str) -> str:
-        return inflight_key(self._prefix, client_id)
+        self._add: Callable[[str, bytes], int] = self._packed_add if supports(client) else self._pipelined_add
 
     def check(self, client_id: str, task_id: str) -> int:
         """One counted publish of document ``task_id``; returns the new pending count."""
@@ -79,83 +74,18 @@ class InflightCounter:
             removed, _ = pipe.execute()
         return bool(removed)
 
-    def read(self, client_id: str) -> CounterState:
-        key = self.key(client_id)
-        with self._redis.pipeline(transaction=True) as pipe:
-            pipe.scard(key)
-            pipe.pttl(key)
-            card, ttl = pipe.execute()
-        if not card:
-            return CounterState(client_id, 0, key, None)
-        return CounterState(client_id, 1 - int(card), key, ttl if ttl >= 0 else None)
-
-    def clear(self, client_id: str) -> bool:
-        return bool(self._redis.delete(self.key(client_id)))
-
-    def scan(self, count: int = 500) -> Iterator[CounterState]:
-        batch: list[str] = []
-        for key in self._redis.scan_iter(match=self._pattern, count=count):
-            batch.append(key.decode() if isinstance(key, bytes) else key)
-            if len(batch) >= count:
-                yield from self._read_keys(batch)
-                batch = []
-        if batch:
-            yield from self._read_keys(batch)
-
-    def clear_all(self, count: int = 500) -> int:
-        deleted = 0
-        batch: list[bytes | str] = []
-        for key in self._redis.scan_iter(match=self._pattern, count=count):
-            batch.append(key)
-            if len(batch) >= count:
-                deleted += int(self._redis.unlink(*batch))
-                batch = []
-        if batch:
-            deleted += int(self._redis.unlink(*batch))
-        return deleted
-
-    def _read_keys(self, keys: list[str]) -> Iterator[CounterState]:
-        with self._redis.pipeline(transaction=False) as pipe:
-            for key in keys:
-                pipe.scard(key)
-                pipe.pttl(key)
-            replies = pipe.execute()
-        for i, key in enumerate(keys):
-            card, ttl = replies[2 * i], replies[2 * i + 1]
-            client_id = client_id_from_inflight_key(self._prefix, key)
-            if not card or client_id is None:
-                continue
-            yield CounterState(client_id, 1 - int(card), key, ttl if ttl >= 0 else None)
-
     # -- the publish's round trip -------------------------------------------------------
 
     def _packed_add(self, key: str, m: bytes) -> int:
         parts = self._packed.get(key)
         if parts is None:
             parts = self._pack(key)
-        pool = self._redis.connection_pool
-        conn = pool.get_connection()
-        try:
-            conn.send_packed_command([parts[0] + _bulk(m) + parts[1]])  # type: ignore[no-untyped-call]
-            conn.read_response()  # +OK for MULTI
-            conn.read_response()  # +QUEUED
-            conn.read_response()  # +QUEUED
-            conn.read_response()  # +QUEUED
-            replies = conn.read_response()
-        except BaseException:
-            conn.disconnect()  # type: ignore[no-untyped-call]
-            raise
-        finally:
-            pool.release(conn)
-        for value in replies:
-            if isinstance(value, Exception):
-                raise value  # e.g. WRONGTYPE
-        return int(replies[1])
+        return int(transact(self._redis.connection_pool, parts[0] + bulk(m) + parts[1], 3)[1])
 
     def _pack(self, key: str) -> tuple[bytes, bytes]:
         raw = key.encode()
-        head = _MULTI + b"*3\r\n$4\r\nSADD\r\n" + _bulk(raw)
-        tail = _command(b"SCARD", raw) + _command(b"PEXPIRE", raw, self._expiry) + _EXEC
+        head = MULTI + b"*3\r\n$4\r\nSADD\r\n" + bulk(raw)
+        tail = command(b"SCARD", raw) + command(b"PEXPIRE", raw, self._expiry) + EXEC
         if len(self._packed) >= CACHE_SIZE:
             self._packed.clear()
         self._packed[key] = (head, tail)

@@ -17,6 +17,7 @@ transaction through redis-py's pipeline.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import redis
 
@@ -24,16 +25,48 @@ import redis
 CACHE_SIZE = 4096
 
 
-def _bulk(value: bytes) -> bytes:
+def bulk(value: bytes) -> bytes:
+    """One RESP bulk string."""
     return b"$%d\r\n%s\r\n" % (len(value), value)
 
 
-def _command(*parts: bytes) -> bytes:
-    return b"*%d\r\n" % len(parts) + b"".join(_bulk(p) for p in parts)
+def command(*parts: bytes) -> bytes:
+    """One command, packed as RESP."""
+    return b"*%d\r\n" % len(parts) + b"".join(bulk(p) for p in parts)
 
 
-_MULTI = _command(b"MULTI")
-_EXEC = _command(b"EXEC")
+MULTI = command(b"MULTI")
+EXEC = command(b"EXEC")
+
+
+def supports(client: object) -> bool:
+    """Whether ``client`` is a plain pooled ``redis.Redis`` that :func:`transact` can drive."""
+    return (
+        isinstance(client, redis.Redis)
+        and getattr(client, "connection", None) is None
+        and callable(getattr(getattr(client, "connection_pool", None), "get_connection", None))
+    )
+
+
+def transact(pool: redis.ConnectionPool, packed: bytes, queued: int) -> list[Any]:
+    """Send one pre-packed ``MULTI ... EXEC`` of ``queued`` commands on a pooled connection;
+    the replies of ``EXEC``.  A command that failed inside the transaction is raised."""
+    conn = pool.get_connection()
+    try:
+        conn.send_packed_command([packed])  # type: ignore[no-untyped-call]
+        for _ in range(queued + 1):
+            conn.read_response()  # +OK for MULTI, then +QUEUED per command
+        replies: list[Any] = conn.read_response()
+    except BaseException:
+        # Replies may be left unread on the socket; it must not serve another command.
+        conn.disconnect()  # type: ignore[no-untyped-call]
+        raise
+    finally:
+        pool.release(conn)
+    for value in replies:
+        if isinstance(value, Exception):
+            raise value  # e.g. WRONGTYPE: the key holds something else
+    return replies
 
 
 class PackedCheck:
@@ -46,46 +79,20 @@ class PackedCheck:
         #: One document's check per key, the hot path's only shape.
         self._packed: dict[str, bytes] = {}
 
-    @staticmethod
-    def supports(client: object) -> bool:
-        """Whether ``client`` is a plain pooled ``redis.Redis`` this can drive."""
-        return (
-            isinstance(client, redis.Redis)
-            and getattr(client, "connection", None) is None
-            and callable(getattr(getattr(client, "connection_pool", None), "get_connection", None))
-        )
-
     def add(self, key: str, n: int = 1) -> int:
         packed = self._packed.get(key) if n == 1 else None
         if packed is None:
             packed = self._pack(key, n)
-        pool = self._pool
-        conn = pool.get_connection()
-        try:
-            conn.send_packed_command([packed])  # type: ignore[no-untyped-call]
-            conn.read_response()  # +OK for MULTI
-            conn.read_response()  # +QUEUED
-            conn.read_response()  # +QUEUED
-            replies = conn.read_response()
-        except BaseException:
-            # Replies may be left unread on the socket; it must not serve another command.
-            conn.disconnect()  # type: ignore[no-untyped-call]
-            raise
-        finally:
-            pool.release(conn)
-        value = replies[0]
-        if isinstance(value, Exception):
-            raise value  # e.g. WRONGTYPE: the key holds something else
-        return int(value)
+        return int(transact(self._pool, packed, 2)[0])
 
     def _pack(self, key: str, n: int) -> bytes:
         raw = key.encode()
         packed = b"".join(
             (
-                _MULTI,
-                _command(b"INCR", raw) if n == 1 else _command(b"INCRBY", raw, str(n).encode()),
-                _command(b"PEXPIRE", raw, self._expiry),
-                _EXEC,
+                MULTI,
+                command(b"INCR", raw) if n == 1 else command(b"INCRBY", raw, str(n).encode()),
+                command(b"PEXPIRE", raw, self._expiry),
+                EXEC,
             )
         )
         if n == 1:

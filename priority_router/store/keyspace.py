@@ -1,0 +1,120 @@
+"""What both counting modes share: one key per active client, read, listed and cleared.
+
+A mode says how its key is named and what it holds (a :class:`Layout`); reading one
+client, walking every client in ``SCAN`` batches (so Redis is never blocked) and
+clearing are the same for both.  Only
+single-key commands are used: on Redis Cluster a pipeline sends each to its key's
+master, and redis-py's ``scan_iter`` walks every master with a cursor of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from .keys import glob_escape
+
+
+@dataclass(frozen=True)
+class CounterState:
+    """What Redis holds for one client."""
+
+    client_id: str
+    pending: int
+    key: str
+    #: Milliseconds until the key expires (the reset); None when there is no state.
+    ttl_ms: int | None
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How one counting mode keeps a client in Redis."""
+
+    #: ``key(prefix, client_id)``: the client's key.
+    key: Callable[[str, str], str]
+    #: ``client_of(prefix, key)``: the client id a key stands for (None: not this mode's).
+    client_of: Callable[[str, str], str | None]
+    #: What follows the ``{token}`` in this mode's keys ("" for none).
+    suffix: str
+    #: The command that reads a key's value ("get", "scard").
+    read: str
+    #: ``pending(value)``: the pending count a value stands for; None when there is no state.
+    pending: Callable[[Any], int | None]
+
+
+class ClientKeys:
+    """The keys of one counting mode on one Redis (or Redis Cluster) connection."""
+
+    def __init__(self, client: redis.Redis, prefix: str, reset_interval: float, layout: Layout) -> None:
+        self._redis = client
+        self._prefix = prefix
+        self._interval_ms = max(1, round(reset_interval * 1000))
+        self._layout = layout
+        #: Matches this mode's keys and no other (``SCAN``'s MATCH).
+        self._pattern = glob_escape(prefix) + "{*}" + glob_escape(layout.suffix)
+
+    @property
+    def reset_interval_ms(self) -> int:
+        return self._interval_ms
+
+    def key(self, client_id: str) -> str:
+        return self._layout.key(self._prefix, client_id)
+
+    def read(self, client_id: str) -> CounterState:
+        """The client's state without changing it (pending 0 when it has none)."""
+        key = self.key(client_id)
+        with self._redis.pipeline(transaction=True) as pipe:
+            getattr(pipe, self._layout.read)(key)
+            pipe.pttl(key)
+            raw, ttl = pipe.execute()
+        pending = self._layout.pending(raw)
+        if pending is None:
+            return CounterState(client_id, 0, key, None)
+        return CounterState(client_id, pending, key, ttl if ttl >= 0 else None)
+
+    def clear(self, client_id: str) -> bool:
+        """Forget one client; True when it had state."""
+        return bool(self._redis.delete(self.key(client_id)))
+
+    def scan(self, count: int = 500) -> Iterator[CounterState]:
+        """Every tracked client, read in batches of ``count``."""
+        batch: list[str] = []
+        for key in self._redis.scan_iter(match=self._pattern, count=count):
+            batch.append(key.decode() if isinstance(key, bytes) else key)
+            if len(batch) >= count:
+                yield from self._read_keys(batch)
+                batch = []
+        if batch:
+            yield from self._read_keys(batch)
+
+    def clear_all(self, count: int = 500) -> int:
+        """Forget every client on every master; returns how many keys were deleted."""
+        deleted = 0
+        batch: list[bytes | str] = []
+        # On Redis Cluster, redis-py splits ``unlink(*keys)`` into one UNLINK per hash slot,
+        # so a batch whose keys live on several masters never sends a cross-slot command.
+        for key in self._redis.scan_iter(match=self._pattern, count=count):
+            batch.append(key)
+            if len(batch) >= count:
+                deleted += int(self._redis.unlink(*batch))
+                batch = []
+        if batch:
+            deleted += int(self._redis.unlink(*batch))
+        return deleted
+
+    def _read_keys(self, keys: list[str]) -> Iterator[CounterState]:
+        with self._redis.pipeline(transaction=False) as pipe:
+            for key in keys:
+                getattr(pipe, self._layout.read)(key)
+                pipe.pttl(key)
+            replies = pipe.execute()
+        for i, key in enumerate(keys):
+            raw, ttl = replies[2 * i], replies[2 * i + 1]
+            client_id = self._layout.client_of(self._prefix, key)
+            pending = self._layout.pending(raw)
+            if pending is None or client_id is None:
+                continue
+            yield CounterState(client_id, pending, key, ttl if ttl >= 0 else None)
