@@ -179,3 +179,31 @@ def test_store_options_after_the_subcommand_win(
         ],
     )
     assert json.loads(both.output)["pending"] == -4
+
+
+def test_the_inflight_mode_reads_and_resets_the_in_flight_sets(
+    cli: Callable[..., Result], counter_url: str, key_prefix: str
+) -> None:
+    router = PriorityRouter(redis_url=counter_url, key_prefix=key_prefix, mode="inflight")
+    for n in range(6):
+        router.record("busy", f"task-{n}")
+    router.record("idle", "task-x")
+    router.end("idle", "task-x")
+    router.end("busy", "task-0")
+    PriorityRouter(redis_url=counter_url, key_prefix=key_prefix).record("seed-only")
+
+    rows = json.loads(cli("--mode", "inflight", "status", "--json").output)
+    assert [(r["client_id"], r["pending"], r["in_flight"]) for r in rows] == [("busy", -4, 5)]
+    seed_rows = json.loads(cli("status", "--json").output)
+    assert [r["client_id"] for r in seed_rows] == ["seed-only"], "each mode lists only its own keys"
+
+    row = json.loads(cli("--mode", "inflight", "inspect", "busy", "--json").output)
+    assert (row["pending"], row["priority"], row["tracked"]) == (-4, 2, True)
+    table = cli("--mode", "inflight", "status").output
+    assert "in flight" in table
+
+    done = cli("--mode", "inflight", "reset", "--all", "--yes")
+    assert done.exit_code == 0, done.output
+    assert "reset 1 client(s)" in done.output
+    assert router.peek("busy").pending == 0
+    assert json.loads(cli("status", "--json").output)[0]["client_id"] == "seed-only"
