@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
 import time
 from collections.abc import Callable
 
+import pytest
 from celery import Celery
+from celery.exceptions import WorkerLostError
 from support.services import Worker, running_worker
 
 from priority_router import PriorityRouter
@@ -112,3 +116,34 @@ def _app(producer: Callable[[], Celery], env: dict[str, str]) -> Celery:
 
         app.conf.broker_transport_options = json.loads(env["BROKER_TRANSPORT_OPTIONS"])
     return app
+
+
+def test_a_killed_prefork_childs_document_is_ended_by_the_main_process(
+    producer: Callable[[], Celery], worker_env: dict[str, str]
+) -> None:
+    env = _env(worker_env)
+    app = _app(producer, env)
+    router = _router(env)
+    doomed = app.send_task(HOLD, (30,), headers={"client_id": "acme"})
+    later = [app.send_task(HOLD, (0,), headers={"client_id": "acme"}) for _ in range(2)]
+    assert router.peek("acme").pending == -2
+    with running_worker(env, "--pool", "prefork", "--concurrency", "1") as worker:
+        deadline = time.monotonic() + 60
+        while app.AsyncResult(doomed.id).state != "STARTED" and "received" not in worker.output():
+            assert time.monotonic() < deadline, worker.output()
+            time.sleep(0.05)
+        time.sleep(0.5)  # the child is inside the task now
+        children = subprocess.run(
+            ["ps", "--ppid", str(worker.process.pid), "-o", "pid="], capture_output=True, text=True
+        ).stdout.split()
+        assert len(children) == 1, children
+        os.kill(int(children[0]), signal.SIGKILL)
+        with pytest.raises(WorkerLostError):
+            doomed.get(timeout=60)
+        for r in later:
+            r.get(timeout=60)
+        # The lost document and the two that ran are each ended once: nothing is left in flight,
+        # and the count never went below nothing-in-flight.
+        assert _wait_in_flight(router, "acme", 0) == 0
+    assert router.peek("acme").pending == 0
+    assert router.redis.exists(router.store.key("acme")) == 0
