@@ -37,6 +37,7 @@ class Batch:
         return self._left.popleft()
 
     def close(self) -> None:
+        """Warn about reserved decisions no publish took (``remaining`` keeps their number)."""
         if self._left:
             logger.warning(
                 "priority-router: a batch for client %r reserved %d documents but published %d; "
@@ -47,7 +48,6 @@ class Batch:
                 len(self.decisions) - len(self._left),
                 len(self._left),
             )
-            self._left.clear()
 
     def __repr__(self) -> str:
         return (

@@ -195,6 +195,7 @@ def status(ctx: click.Context, as_json: bool, app_name: str | None, limit: int |
     except Exception as exc:
         _fail(f"cannot read {redact_url(router.config.redis_url)}: {exc}")
     rows.sort(key=lambda r: (r["priority"], -r["pending"], r["client_id"]))
+    tracked = len(rows)
     if limit is not None:
         rows = rows[:limit]
     if as_json:
@@ -215,7 +216,11 @@ def status(ctx: click.Context, as_json: bool, app_name: str | None, limit: int |
             *((str(r["in_flight"]),) if inflight else ()),
         )
     console.print(table)
-    console.print(f"{len(rows)} client(s) tracked")
+    shown = f", {len(rows)} shown" if len(rows) < tracked else ""
+    console.print(f"{tracked} client(s) tracked in the {router.config.mode} mode{shown}")
+    if not tracked:
+        other = "seed" if inflight else "inflight"
+        console.print(f"(a router in the {other} mode keeps other keys: add --mode {other}, or -A your app)")
 
 
 def _seconds(value: float | None) -> str:

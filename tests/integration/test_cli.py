@@ -207,3 +207,14 @@ def test_the_inflight_mode_reads_and_resets_the_in_flight_sets(
     assert "reset 1 client(s)" in done.output
     assert router.peek("busy").pending == 0
     assert json.loads(cli("status", "--json").output)[0]["client_id"] == "seed-only"
+
+
+def test_status_says_how_many_are_tracked_and_shown(
+    cli: Callable[..., Result], router: PriorityRouter
+) -> None:
+    limited = cli("status", "--limit", "1")
+    assert "3 client(s) tracked in the seed mode, 1 shown" in limited.output
+    cli("reset", "--all", "--yes")
+    empty = cli("status").output
+    assert "0 client(s) tracked in the seed mode" in empty
+    assert "--mode inflight" in empty, "an empty listing names the other mode"

@@ -49,8 +49,9 @@ def test_nested_batches_and_leaving_the_block(router: PriorityRouter) -> None:
 def test_unused_reservations_are_warned_about(
     router: PriorityRouter, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.WARNING, logger="priority_router"), router.batch("acme", 3):
+    with caplog.at_level(logging.WARNING, logger="priority_router"), router.batch("acme", 3) as batch:
         router.decide("acme")
+    assert batch.remaining == 2
     assert "reserved 3 documents but published 1" in caplog.text
     assert "router.batch(client, len(documents))" in caplog.text
     assert router.peek("acme").pending == -2
