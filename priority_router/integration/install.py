@@ -155,13 +155,13 @@ def settle(app: Celery) -> Transport | None:
     if installation is None:
         return None
     try:
-        return _settle(app, installation)
+        return _settle(app, installation, publisher=True)
     except ConfigurationError as exc:
         _unroutable(app, installation.receiver, exc)
         return None
 
 
-def _settle(app: Celery, installation: Installation) -> Transport:
+def _settle(app: Celery, installation: Installation, publisher: bool = False) -> Transport:
     router, receiver, warned = installation.router, installation.receiver, installation.warned
     settings = celery_values(app.conf)
     siblings = [_installation(a) for a in list(_apps) if a is not app]
@@ -189,7 +189,15 @@ def _settle(app: Celery, installation: Installation) -> Transport:
         )
     transport = transport_of(app)
     if transport is Transport.AMQP and router.config.max_wait is not None:
-        raise ConfigurationError("max_wait", f"is not supported on RabbitMQ: {AMQP_REFUSAL}", AMQP_FIX)
+        refusal = ConfigurationError("max_wait", f"is not supported on RabbitMQ: {AMQP_REFUSAL}", AMQP_FIX)
+        if not publisher:
+            raise refusal
+        # Only workers sweep: a publisher found on RabbitMQ after install() keeps routing
+        # priorities, and says once that its workers will refuse to start.
+        if first_time(warned, "max_wait"):
+            logger.error(
+                "priority-router on %r: %s Its workers refuse to start until it is fixed.", app, refusal
+            )
     changes = wanted_changes(app, transport)
     if router.config.dry_run:
         _report_dry_run(app, changes, warned)

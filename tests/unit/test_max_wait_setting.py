@@ -53,17 +53,20 @@ def test_max_wait_is_refused_on_rabbitmq_at_install() -> None:
     assert r.uninstall(app) is None and not app.__dict__.get("_priority_router_installation")
 
 
-def test_max_wait_from_celery_settings_is_refused_when_rabbitmq_settles(
+def test_a_publisher_found_on_rabbitmq_later_keeps_its_priorities_and_says_max_wait_is_refused(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     app = Celery("a", broker=AMQP, set_as_current=False)
     r = router()
-    receiver = r.install(app)  # not configured yet: refused when it is
+    receiver = r.install(app)  # not configured yet: the broker is known only when it is
     app.conf.priority_router_max_wait = 30
     with caplog.at_level(logging.ERROR, "priority_router"):
         app.conf.finalize()  # configures the app: the router settles
-    assert receiver.unroutable is not None and "max_wait: is not supported on RabbitMQ" in receiver.unroutable
-    assert "cannot route the publishes" in caplog.text
+        app.conf.finalize()
+    # max_wait only changes workers; this publisher's priorities stay on.
+    assert receiver.unroutable is None and receiver.transport is not None
+    assert caplog.text.count("max_wait: is not supported on RabbitMQ") == 1
+    assert "Its workers refuse to start" in caplog.text and "Fix: use a Redis broker" in caplog.text
 
 
 def test_max_wait_is_accepted_on_redis() -> None:
