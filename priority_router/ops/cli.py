@@ -33,7 +33,7 @@ from ..store.counter import CounterState
 console = Console()
 
 app_option = click.option(
-    "-A", "--app", "app_name", required=True, help="The Celery app, as for `celery -A`."
+    "-A", "--app", "app_name", default=None, help="The Celery app, as for `celery -A` (required)."
 )
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 router_app_option = click.option(
@@ -52,7 +52,10 @@ class Context:
         key_prefix: str | None,
         reset_interval: float | None,
         mode: str | None = None,
+        app_name: str | None = None,
     ) -> None:
+        #: ``-A`` given before the subcommand, as ``celery -A app worker`` has it.
+        self.app_name = app_name
         self._overrides: dict[str, Any] = {
             "redis_url": redis_url,
             "key_prefix": key_prefix,
@@ -139,6 +142,13 @@ def store_options(command: Any) -> Any:
     envvar="PRIORITY_ROUTER_MODE",
     help="Counting mode: seed, or inflight (documents not yet finished) [PRIORITY_ROUTER_MODE, seed].",
 )
+@click.option(
+    "-A",
+    "--app",
+    "app_name",
+    default=None,
+    help="The Celery app, as for `celery -A` (before or after the subcommand).",
+)
 @click.version_option(package_name="priority-router")
 @click.pass_context
 def main(
@@ -147,12 +157,27 @@ def main(
     key_prefix: str | None,
     reset_interval: float | None,
     mode: str | None,
+    app_name: str | None,
 ) -> None:
     """Inspect and manage priority-router's per-client priorities."""
-    ctx.obj = Context(redis_url, key_prefix, reset_interval, mode)
+    ctx.obj = Context(redis_url, key_prefix, reset_interval, mode, app_name)
+
+
+def _app_name(ctx: click.Context, given: str | None) -> str | None:
+    """``-A`` after the subcommand, else the one before it."""
+    context = ctx.find_object(Context)
+    return given if given is not None or context is None else context.app_name
+
+
+def _required_app(ctx: click.Context, given: str | None) -> str:
+    name = _app_name(ctx, given)
+    if name is None:
+        raise click.UsageError("Missing option '-A' / '--app': the Celery app, as for `celery -A`.")
+    return name
 
 
 def _router(ctx: click.Context, app_name: str | None = None) -> PriorityRouter:
+    app_name = _app_name(ctx, app_name)
     if app_name is not None:
         installed = installed_router(_load_app(app_name))
         if installed is None:
@@ -290,12 +315,13 @@ def reset(ctx: click.Context, client: str | None, everyone: bool, yes: bool, app
 @main.command()
 @app_option
 @json_option
-def queues(app_name: str, as_json: bool) -> None:
+@click.pass_context
+def queues(ctx: click.Context, app_name: str | None, as_json: bool) -> None:
     """Messages waiting in each of the app's queues (per priority level on Redis)."""
     from ..integration.brokers import Transport, from_wire
     from .queues import queue_depths
 
-    app = _load_app(app_name)
+    app = _load_app(_required_app(ctx, app_name))
     try:
         depths = queue_depths(app)
     except PriorityRouterError as exc:
@@ -338,10 +364,12 @@ def queues(app_name: str, as_json: bool) -> None:
 @main.command()
 @app_option
 @json_option
-def doctor(app_name: str, as_json: bool) -> None:
+@click.pass_context
+def doctor(ctx: click.Context, app_name: str | None, as_json: bool) -> None:
     """Check what silently defeats priorities; exit 1 when anything does."""
     from .doctor import diagnose
 
+    app_name = _required_app(ctx, app_name)
     app = _load_app(app_name)
     try:
         findings = diagnose(app)
@@ -353,7 +381,8 @@ def doctor(app_name: str, as_json: bool) -> None:
     else:
         table = Table(title=f"priority-router doctor: {app_name}")
         for column in ("check", "", "detail", "fix"):
-            table.add_column(column)
+            # Fold, never cut: a fix names code to call, and piped output is 80 columns wide.
+            table.add_column(column, overflow="fold")
         for f in findings:
             mark = "[green]ok[/]" if f.ok else "[red]FAIL[/]"
             table.add_row(f.check, mark, f.detail, f.fix)

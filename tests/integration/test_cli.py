@@ -218,3 +218,23 @@ def test_status_says_how_many_are_tracked_and_shown(
     empty = cli("status").output
     assert "0 client(s) tracked in the seed mode" in empty
     assert "--mode inflight" in empty, "an empty listing names the other mode"
+
+
+def test_the_app_option_goes_before_or_after_the_subcommand(
+    counter_url: str, key_prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "cli_app_module.py").write_text(
+        "from celery import Celery\n"
+        "from priority_router import PriorityRouter\n"
+        "app = Celery('cli-app', broker='memory://', set_as_current=False)\n"
+        f"PriorityRouter(redis_url={counter_url!r}, key_prefix={key_prefix!r}).install(app)\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    PriorityRouter(redis_url=counter_url, key_prefix=key_prefix).record("via-app")
+    runner = CliRunner()
+    for args in (["-A", "cli_app_module", "status", "--json"], ["status", "-A", "cli_app_module", "--json"]):
+        result = runner.invoke(main, args)
+        assert result.exit_code == 0, (args, result.output)
+        assert [r["client_id"] for r in json.loads(result.output)] == ["via-app"]
+    missing = runner.invoke(main, ["doctor"])
+    assert missing.exit_code == 2 and "Missing option '-A'" in missing.output
