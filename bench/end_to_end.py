@@ -13,7 +13,10 @@ Before the clock starts, the workers answer a ping and every publisher's warm-up
 documents (other client ids) have run, so imports, connections and the router's first
 check are out of the timed part.  "plain" is the workers app with ``WORKERS_ROUTER=off``
 (Celery's defaults); "router" installs the router in the workers and the publishers.
-"tuned" (not run unless asked) is plain Celery with the broker settings the router
+"inflight" (not run unless asked) is the router in ``mode="inflight"``, whose workers also
+end each document in Redis; its "counted" column is minus the clients left with
+documents in flight once all ran (0 when every end arrived).  "tuned" (not run unless
+asked) is plain Celery with the broker settings the router
 installs (prefetch 1, ``priority_steps`` 0..9, ``queue_order_strategy=priority``) but
 no counter check, which splits the router's cost into settings and per-publish check.
 Every round runs each mode once, in reversed order every other round (plain, router;
@@ -49,10 +52,11 @@ import redis
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
+from priority_router.store.keys import glob_escape  # noqa: E402
 from workers.local_redis import free_port, redis_answers, start_embedded_redis, stop_process  # noqa: E402
 
 TASK = "workers.count_document"
-MODES = ("plain", "router", "tuned")
+MODES = ("plain", "router", "tuned", "inflight")
 BROKER_DB = 14
 COUNTER_DB = 13
 
@@ -62,7 +66,8 @@ def environment(mode: str, redis_url: str, tag: str) -> dict[str, str]:
         "BROKER_URL": f"{redis_url}/{BROKER_DB}",
         "DOCUMENT_QUEUE": f"e2e-{tag}",
         "WORKER_INCLUDE": "workers.bench_tasks",
-        "WORKERS_ROUTER": "on" if mode == "router" else "off",
+        "WORKERS_ROUTER": "on" if mode in ("router", "inflight") else "off",
+        "PRIORITY_ROUTER_MODE": "inflight" if mode == "inflight" else "seed",
         "PRIORITY_ROUTER_REDIS_URL": f"{redis_url}/{COUNTER_DB}",
         "PRIORITY_ROUTER_KEY_PREFIX": f"e2e-{tag}:",
     }
@@ -299,6 +304,10 @@ def run(mode: str, args: argparse.Namespace, redis_url: str) -> dict[str, Any]:
         time.sleep(0.2)  # a document run twice would show here
         ran = int(counter.get(f"{keys}:timed") or 0)
         counted = None
+        if mode == "inflight":
+            # Every document ran, so every one must have been ended: nothing left in flight.
+            left = counter.keys(glob_escape(env["PRIORITY_ROUTER_KEY_PREFIX"]) + "*")
+            counted = -len(left) if left else 0
         if mode == "router":
             from priority_router.store.keys import client_key
 

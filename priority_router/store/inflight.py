@@ -59,7 +59,8 @@ class InflightCounter(ClientKeys):
         self._expiry = str(self._interval_ms).encode()
         #: Per key: the packed bytes before and after the member.
         self._packed: dict[str, tuple[bytes, bytes]] = {}
-        self._add: Callable[[str, bytes], int] = self._packed_add if supports(client) else self._pipelined_add
+        self._packs = supports(client)
+        self._add: Callable[[str, bytes], int] = self._packed_add if self._packs else self._pipelined_add
 
     def check(self, client_id: str, task_id: str) -> int:
         """One counted publish of document ``task_id``; returns the new pending count."""
@@ -68,8 +69,14 @@ class InflightCounter(ClientKeys):
     def end(self, client_id: str, task_id: str) -> bool:
         """The end of document ``task_id``; True when this call ended it (at most once)."""
         key = inflight_key(self._prefix, client_id)
+        m = member(task_id)
+        if self._packs:
+            # Packed like the publish: on a worker this runs once per document.
+            raw = key.encode()
+            packed = MULTI + command(b"SREM", raw, m) + command(b"PEXPIRE", raw, self._expiry) + EXEC
+            return bool(transact(self._redis.connection_pool, packed, 2)[0])
         with self._redis.pipeline(transaction=True) as pipe:
-            pipe.srem(key, member(task_id))
+            pipe.srem(key, m)
             pipe.pexpire(key, self._interval_ms)
             removed, _ = pipe.execute()
         return bool(removed)
