@@ -20,7 +20,15 @@ from pathlib import Path
 import pytest
 from celery import Celery
 from support.broker import drain
-from support.services import EmbeddedRedis, Worker, close_app, free_port, running_worker, start_embedded_redis
+from support.services import (
+    FAST_REDELIVERY,
+    EmbeddedRedis,
+    close_app,
+    free_port,
+    kill_worker_mid_work,
+    running_worker,
+    start_embedded_redis,
+)
 
 from priority_router import DOCBITS_THRESHOLDS, PriorityRouter, Transport, from_wire
 from priority_router import headers as H
@@ -160,23 +168,10 @@ def test_a_killed_worker_loses_no_document(
     if redis_broker:
         # Redelivered after 3 s instead of an hour; swept every second instead of ~100 s.
         # (RabbitMQ requeues a dead connection's unacked messages at once.)
-        env["BROKER_TRANSPORT_OPTIONS"] = (
-            '{"visibility_timeout": 3, "unacked_restore_interval": 1, "unacked_restore_throttle": 1}'
-        )
+        env["BROKER_TRANSPORT_OPTIONS"] = FAST_REDELIVERY
     app = producer()
     ids = [app.send_task("tests.hold_and_record", (1.5,), headers={"client_id": "acme"}).id for _ in range(6)]
-    first = Worker(env, "--pool", "threads", "--concurrency", "2")
-    try:
-        first.wait_ready()
-        deadline = time.monotonic() + 30
-        while first.output().count("received") < 2:
-            assert time.monotonic() < deadline, first.output()
-            time.sleep(0.05)
-        time.sleep(0.3)
-        first.process.send_signal(signal.SIGKILL)
-        first.process.wait()
-    finally:
-        first.stop()
+    kill_worker_mid_work(env, "--pool", "threads", "--concurrency", "2", timeout=30)
     with running_worker(env, "--pool", "threads", "--concurrency", "2"):
         results = [app.AsyncResult(tid).get(timeout=90) for tid in ids]
     assert [r["priority"] for r in results] == [1, 1, 1, 2, 2, 3]

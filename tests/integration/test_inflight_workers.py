@@ -11,7 +11,7 @@ from collections.abc import Callable
 import pytest
 from celery import Celery
 from celery.exceptions import WorkerLostError
-from support.services import Worker, running_worker
+from support.services import FAST_REDELIVERY, kill_worker_mid_work, running_worker
 
 from priority_router import PriorityRouter
 from priority_router.store.inflight import member
@@ -77,25 +77,12 @@ def test_a_killed_workers_documents_are_ended_exactly_once(
 ) -> None:
     env = _env(worker_env)
     if worker_env["BROKER_URL"].startswith("redis"):
-        env["BROKER_TRANSPORT_OPTIONS"] = (
-            '{"visibility_timeout": 3, "unacked_restore_interval": 1, "unacked_restore_throttle": 1}'
-        )
+        env["BROKER_TRANSPORT_OPTIONS"] = FAST_REDELIVERY
     app = _app(producer, env)
     router = _router(env)
     ids = [app.send_task(HOLD, (1.5,), headers={"client_id": "acme"}).id for _ in range(6)]
     key = router.store.key("acme")
-    first = Worker(env, "--pool", "threads", "--concurrency", "2")
-    try:
-        first.wait_ready()
-        deadline = time.monotonic() + 60
-        while first.output().count("received") < 2:
-            assert time.monotonic() < deadline, first.output()
-            time.sleep(0.05)
-        time.sleep(0.3)
-        first.process.send_signal(signal.SIGKILL)
-        first.process.wait()
-    finally:
-        first.stop()
+    kill_worker_mid_work(env, "--pool", "threads", "--concurrency", "2")
     # Nothing unfinished was ended by the kill.
     unfinished = [i for i in ids if not app.AsyncResult(i).ready()]
     assert unfinished
