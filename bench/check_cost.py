@@ -29,11 +29,10 @@ import redis
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from support.services import redis_answers, start_embedded_redis  # noqa: E402
-
 from priority_router.config import RouterConfig  # noqa: E402
 from priority_router.store.counter import Counter  # noqa: E402
 from priority_router.store.keys import client_key  # noqa: E402
+from workers.local_redis import redis_or_embedded  # noqa: E402
 
 LUA = "local n = redis.call('INCRBY', KEYS[1], ARGV[2]) redis.call('PEXPIRE', KEYS[1], ARGV[1]) return n"
 PREFIX = "check-cost:"
@@ -69,11 +68,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=100)
     args = parser.parse_args()
 
-    embedded = None
-    url = args.redis.rstrip("/")
-    if not redis_answers(url):
-        embedded = start_embedded_redis()
-        url = embedded.url
+    url, stop_redis = redis_or_embedded(args.redis.rstrip("/"))
     client = redis.Redis.from_url(f"{url}/12", socket_timeout=1, retry=None)
     ids = [f"c{i}" for i in range(args.clients)]
     try:
@@ -103,8 +98,7 @@ def main() -> None:
         for key in client.scan_iter(match=PREFIX + "*"):
             client.unlink(key)
         client.close()
-        if embedded is not None:
-            embedded.stop()
+        stop_redis()
 
 
 if __name__ == "__main__":

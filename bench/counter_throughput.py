@@ -24,19 +24,12 @@ import hiredis
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from support.services import redis_answers, start_embedded_redis  # noqa: E402
-
 from priority_router.store.keys import client_key  # noqa: E402
+from priority_router.store.packed import command  # noqa: E402
+from workers.local_redis import redis_or_embedded  # noqa: E402
 
 INTERVAL_MS = b"1500000"
 LUA = "local n = redis.call('INCR', KEYS[1]) redis.call('PEXPIRE', KEYS[1], ARGV[1]) return n"
-
-
-def pack(*args: bytes) -> bytes:
-    out = [b"*%d\r\n" % len(args)]
-    for a in args:
-        out.append(b"$%d\r\n%s\r\n" % (len(a), a))
-    return b"".join(out)
 
 
 def rate(
@@ -63,16 +56,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
 
-    embedded = None
-    url = args.redis
-    if not redis_answers(url):
-        embedded = start_embedded_redis()
-        url = embedded.url
+    url, stop_redis = redis_or_embedded(args.redis)
     try:
         parts = urlsplit(url)
         db = b"12"
         sock = socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 6379))
-        sock.sendall(pack(b"SELECT", db) + pack(b"SCRIPT", b"LOAD", LUA.encode()))
+        sock.sendall(command(b"SELECT", db) + command(b"SCRIPT", b"LOAD", LUA.encode()))
         reader = hiredis.Reader()
         got: list[object] = []
         while len(got) < 2:
@@ -87,29 +76,35 @@ def main() -> None:
             for _ in range(args.checks)
         ]
         variants: dict[str, tuple[Callable[[bytes], bytes], int]] = {
-            "INCR (baseline)": (lambda k: pack(b"INCR", k), 1),
+            "INCR (baseline)": (lambda k: command(b"INCR", k), 1),
             "batch check: MULTI INCRBY PEXPIRE EXEC": (
                 lambda k: (
-                    pack(b"MULTI")
-                    + pack(b"INCRBY", k, b"1")
-                    + pack(b"PEXPIRE", k, INTERVAL_MS)
-                    + pack(b"EXEC")
+                    command(b"MULTI")
+                    + command(b"INCRBY", k, b"1")
+                    + command(b"PEXPIRE", k, INTERVAL_MS)
+                    + command(b"EXEC")
                 ),
                 4,
             ),
             "router check: MULTI INCR PEXPIRE EXEC": (
                 lambda k: (
-                    pack(b"MULTI") + pack(b"INCR", k) + pack(b"PEXPIRE", k, INTERVAL_MS) + pack(b"EXEC")
+                    command(b"MULTI")
+                    + command(b"INCR", k)
+                    + command(b"PEXPIRE", k, INTERVAL_MS)
+                    + command(b"EXEC")
                 ),
                 4,
             ),
-            "Lua INCR+PEXPIRE (EVALSHA)": (lambda k: pack(b"EVALSHA", sha, b"1", k, INTERVAL_MS), 1),
-            "INCR; PEXPIRE (no MULTI)": (lambda k: pack(b"INCR", k) + pack(b"PEXPIRE", k, INTERVAL_MS), 2),
+            "Lua INCR+PEXPIRE (EVALSHA)": (lambda k: command(b"EVALSHA", sha, b"1", k, INTERVAL_MS), 1),
+            "INCR; PEXPIRE (no MULTI)": (
+                lambda k: command(b"INCR", k) + command(b"PEXPIRE", k, INTERVAL_MS),
+                2,
+            ),
             "PEXPIRE; SET NX PX; INCR": (
                 lambda k: (
-                    pack(b"PEXPIRE", k, INTERVAL_MS)
-                    + pack(b"SET", k, b"0", b"NX", b"PX", INTERVAL_MS)
-                    + pack(b"INCR", k)
+                    command(b"PEXPIRE", k, INTERVAL_MS)
+                    + command(b"SET", k, b"0", b"NX", b"PX", INTERVAL_MS)
+                    + command(b"INCR", k)
                 ),
                 3,
             ),
@@ -128,8 +123,7 @@ def main() -> None:
             print(f"| {name} | {med / 1000:.0f}k | {med / base:.2f}x |")
 
     finally:
-        if embedded:
-            embedded.stop()
+        stop_redis()
 
 
 if __name__ == "__main__":

