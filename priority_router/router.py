@@ -198,7 +198,7 @@ class PriorityRouter:
             if reserved is not None:
                 return reserved
         if not self._breaker.allow():
-            return Decision(client_id, None, self.config.default_priority, Reason.FAIL_OPEN)
+            return self._fail_open(client_id)
         metrics = self.metrics
         started = time.perf_counter() if metrics is not None else 0.0
         try:
@@ -207,10 +207,10 @@ class PriorityRouter:
             elif isinstance(task_id, str) and task_id:
                 pending = self.inflight.check(client_id, task_id)
             else:  # nothing to end it by: not counted (Celery always gives an id)
-                return Decision(client_id, None, self.config.default_priority, Reason.FAIL_OPEN)
+                return self._fail_open(client_id)
         except Exception as exc:
             self._breaker.failure(exc)
-            return Decision(client_id, None, self.config.default_priority, Reason.FAIL_OPEN)
+            return self._fail_open(client_id)
         if metrics is not None:
             metrics.counter_seconds.observe(time.perf_counter() - started)
         self._breaker.success()
@@ -218,7 +218,7 @@ class PriorityRouter:
 
     def decide_many(self, client_id: str, n: int) -> list[Decision]:
         """Like :meth:`record_many`, but never raises (see :meth:`decide`)."""
-        fail_open = [Decision(client_id, None, self.config.default_priority, Reason.FAIL_OPEN)] * n
+        fail_open = [self._fail_open(client_id)] * n
         if n == 0 or not self._breaker.allow():
             return fail_open
         try:
@@ -235,6 +235,9 @@ class PriorityRouter:
         client = self._client(client_id)
         with _store_errors("read", client):
             return self.store.read(client)
+
+    def _fail_open(self, client_id: str) -> Decision:
+        return Decision(client_id, None, self.config.default_priority, Reason.FAIL_OPEN)
 
     def _no_inflight_batch(self) -> None:
         if self.inflight is not None:

@@ -74,6 +74,13 @@ class Installation:
 _ATTR = "_priority_router_installation"
 
 
+def _installed_on(owner: Any) -> tuple[Celery, Installation] | None:
+    """The app a worker, consumer or request belongs to, and its installation, if any."""
+    app = getattr(owner, "app", None)
+    installation = _installation(app) if app is not None else None
+    return None if installation is None else (app, installation)
+
+
 #: Every app with an installation, for settling one router's apps together.
 _apps: weakref.WeakSet[Celery] = weakref.WeakSet()
 
@@ -273,17 +280,16 @@ def _on_sender_built(app: Celery) -> None:
 
 
 def _on_worker_starting(sender: Any = None, instance: Any = None, **_: Any) -> None:
-    app = getattr(instance, "app", None)
-    installation = _installation(app) if app is not None else None
-    if app is not None and installation is not None:
-        _settle_worker(app, installation)
+    found = _installed_on(instance)
+    if found is not None:
+        _settle_worker(*found)
 
 
 def _on_worker_init(sender: Any = None, **_: Any) -> None:
-    app = getattr(sender, "app", None)
-    installation = _installation(app) if app is not None else None
-    if app is None or installation is None:
+    found = _installed_on(sender)
+    if found is None:
         return
+    app, installation = found
     transport = _settle_worker(app, installation)
     if _dry_run(installation):
         return
@@ -297,9 +303,11 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
 
 
 def _on_worker_ready(sender: Any = None, **_: Any) -> None:
-    app = getattr(sender, "app", None)
-    installation = _installation(app) if app is not None else None
-    if installation is None or _dry_run(installation) or installation.sweeper is not None:
+    found = _installed_on(sender)
+    if found is None:
+        return
+    app, installation = found
+    if _dry_run(installation) or installation.sweeper is not None:
         return
     max_wait = installation.router.config.max_wait
     if max_wait is not None and installation.receiver.transport is Transport.REDIS:
@@ -330,8 +338,8 @@ _RECEIVED_WARNINGS = frozenset({"unpriced", "dry-run publisher"})
 
 
 def _on_task_received(sender: Any = None, request: Any = None, **_: Any) -> None:
-    app = getattr(request, "app", None)
-    installation = _installation(app) if app is not None else None
+    found = _installed_on(request)
+    installation = found[1] if found is not None else None
     if installation is None or installation.warned.issuperset(_RECEIVED_WARNINGS):
         return
     headers = getattr(request, "request_dict", None) or {}
