@@ -56,6 +56,7 @@ from workers.workload import (  # noqa: E402
     Sent,
     SteadyBurst,
     jain,
+    p95,
     publish_steady_burst,
     publish_timed,
     slowdown,
@@ -69,10 +70,6 @@ CONFIGS: dict[str, tuple[bool, str, bool]] = {
     "inflight": (True, "inflight", False),
     "inflight+max_wait": (True, "inflight", True),
 }
-
-
-def p95(values: list[float]) -> float:
-    return statistics.quantiles(values, n=20, method="inclusive")[18] if len(values) > 1 else values[0]
 
 
 def run(workload_name: str, config: str, args: argparse.Namespace, redis_url: str) -> dict[str, Any]:

@@ -30,11 +30,7 @@ from support.services import running_worker  # noqa: E402
 
 from workers.app import create_app  # noqa: E402
 from workers.local_redis import redis_or_embedded  # noqa: E402
-from workers.workload import NoisyNeighbour, publish  # noqa: E402
-
-
-def p95(values: list[float]) -> float:
-    return statistics.quantiles(values, n=20, method="inclusive")[18] if len(values) > 1 else values[0]
+from workers.workload import NoisyNeighbour, p95, publish, waits_by_group  # noqa: E402
 
 
 def run(max_wait: float | None, args: argparse.Namespace, redis_url: str) -> dict[str, Any]:
@@ -64,9 +60,7 @@ def run(max_wait: float | None, args: argparse.Namespace, redis_url: str) -> dic
         results = {tid: app.AsyncResult(tid).get(timeout=300) for tid in published}
     app.close()
 
-    waits: dict[str, list[float]] = {"heavy": [], "light": []}
-    for tid, (group, at) in published.items():
-        waits[group].append(results[tid]["started_at"] - at)
+    waits = waits_by_group(published, results)
     return {
         "mode": "strict" if max_wait is None else f"max_wait={max_wait:g}",
         "processed": len(results),

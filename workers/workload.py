@@ -14,9 +14,11 @@ Document lengths are seeded, so two runs of one workload send the same documents
 from __future__ import annotations
 
 import random
+import statistics
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from celery import Celery
 
@@ -234,3 +236,18 @@ def jain(values: list[float]) -> float:
         raise ValueError("Jain's index needs at least one value, none negative")
     squares = sum(v * v for v in values)
     return 1.0 if squares == 0 else sum(values) ** 2 / (len(values) * squares)
+
+
+def p95(values: list[float]) -> float:
+    """The 95th percentile (inclusive), or the one value there is."""
+    return statistics.quantiles(values, n=20, method="inclusive")[18] if len(values) > 1 else values[0]
+
+
+def waits_by_group(
+    published: dict[str, tuple[str, float]], results: dict[str, dict[str, Any]]
+) -> dict[str, list[float]]:
+    """Each group's waits: a document's start (its report) minus the time it was published."""
+    waits: dict[str, list[float]] = {"heavy": [], "light": []}
+    for tid, (group, at) in published.items():
+        waits[group].append(results[tid]["started_at"] - at)
+    return waits
