@@ -17,7 +17,12 @@ woken, and the hook itself is a signal dispatch).  So a fourth kind of block, ``
 publishes plainly with a receiver that only sends one ``PING``: the least any
 synchronous design that asks Redis once per publish can add.
 
-    python bench/publish_overhead.py [--processes 3] [--blocks 30] [--block 100] [--mode seed|inflight]
+    python bench/publish_overhead.py [--processes 3] [--blocks 30] [--block 100] [--modes seed[,inflight]]
+
+With ``--modes seed,inflight`` the blocks of both modes alternate in each process, and the
+``vs seed`` column divides what the inflight mode adds by what the seed mode adds in the
+block beside it: the comparison issue #13 asks for ("publishing must cost no more than
+in the seed mode").
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 
-def child(redis_url: str, blocks: int, block: int, mode: str) -> dict[str, Any]:
+def child(redis_url: str, blocks: int, block: int, modes: list[str]) -> dict[str, Any]:
     import redis
     from celery import Celery
     from celery.signals import before_task_publish
@@ -53,18 +58,22 @@ def child(redis_url: str, blocks: int, block: int, mode: str) -> dict[str, Any]:
         "PRIORITY_ROUTER_REDIS_URL": f"{redis_url}/13",
         "PRIORITY_ROUTER_KEY_PREFIX": f"overhead-{tag}:",
         "PRIORITY_ROUTER_CONSUMER_CHECK_INTERVAL": "0",
-        "PRIORITY_ROUTER_MODE": mode,
     }
     plain = create_app({**env, "WORKERS_ROUTER": "off"})
-    routed = create_app({**env, "WORKERS_ROUTER": "on"})
+    routed = {
+        mode: create_app({**env, "WORKERS_ROUTER": "on", "PRIORITY_ROUTER_MODE": mode}) for mode in modes
+    }
     ping = redis.Redis.from_url(f"{redis_url}/13")
 
-    def publishes(app: Celery) -> Callable[[int], float]:
+    cpu: dict[str, list[float]] = {}
+
+    def publishes(app: Celery, name: str) -> Callable[[int], float]:
         def run(count: int) -> float:
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.process_time()
             for n in range(count):
                 client = f"c{n % 100}"
                 app.send_task("workers.hold_document", (client, f"d{n}", 0), headers={"client_id": client})
+            cpu.setdefault(name, []).append((time.process_time() - cpu_started) / count)
             return (time.perf_counter() - started) / count
 
         return run
@@ -91,13 +100,13 @@ def child(redis_url: str, blocks: int, block: int, mode: str) -> dict[str, Any]:
     def floor(count: int) -> float:
         before_task_publish.connect(one_ping, dispatch_uid="publish-overhead-floor", weak=False)
         try:
-            return without_router(publishes(plain))(count)
+            return without_router(publishes(plain, "floor"))(count)
         finally:
             before_task_publish.disconnect(dispatch_uid="publish-overhead-floor")
 
     ways = {
-        "plain": without_router(publishes(plain)),
-        "router": publishes(routed),
+        "plain": without_router(publishes(plain, "plain")),
+        **{mode: publishes(app, mode) for mode, app in routed.items()},
         "floor": floor,
         "ping": pings,
     }
@@ -105,6 +114,7 @@ def child(redis_url: str, blocks: int, block: int, mode: str) -> dict[str, Any]:
     try:
         for way in ways.values():  # connections, caches and the senders are built here
             way(300)
+        cpu.clear()
         for n in range(blocks):
             order = list(ways) if n % 2 else list(reversed(ways))
             for name in order:
@@ -114,21 +124,39 @@ def child(redis_url: str, blocks: int, block: int, mode: str) -> dict[str, Any]:
             conn.default_channel.queue_delete(env["DOCUMENT_QUEUE"])
         for key in ping.scan_iter(match=f"overhead-{tag}:*"):
             ping.unlink(key)
-        for app in (plain, routed):
+        for app in (plain, *routed.values()):
             app.close()
         ping.close()
-    added = [r - p for p, r in zip(times["plain"], times["router"], strict=True)]
     floor_added = [f - p for p, f in zip(times["plain"], times["floor"], strict=True)]
-    return {
+    row: dict[str, Any] = {
         "plain_us": statistics.median(times["plain"]) * 1e6,
-        "router_us": statistics.median(times["router"]) * 1e6,
-        "added_us": statistics.median(added) * 1e6,
         "ping_us": statistics.median(times["ping"]) * 1e6,
-        "added_pings": statistics.median(a / p for a, p in zip(added, times["ping"], strict=True)),
         "floor_us": statistics.median(floor_added) * 1e6,
         "floor_pings": statistics.median(f / p for f, p in zip(floor_added, times["ping"], strict=True)),
-        "added_floors": statistics.median(a / f for a, f in zip(added, floor_added, strict=True) if f > 0),
     }
+    added = {}
+    for mode in modes:
+        added[mode] = [r - p for p, r in zip(times["plain"], times[mode], strict=True)]
+        row[mode] = {
+            "router_us": statistics.median(times[mode]) * 1e6,
+            "added_us": statistics.median(added[mode]) * 1e6,
+            "added_pings": statistics.median(a / p for a, p in zip(added[mode], times["ping"], strict=True)),
+            "added_floors": statistics.median(
+                a / f for a, f in zip(added[mode], floor_added, strict=True) if f > 0
+            ),
+            # The publishing process's own CPU (user + system), without the Redis server's.
+            "added_cpu_us": statistics.median(r - p for p, r in zip(cpu["plain"], cpu[mode], strict=True))
+            * 1e6,
+        }
+    for mode in modes[1:]:
+        # The modes' added times, block beside block: what one mode costs against the other.
+        row[mode][f"vs_{modes[0]}"] = statistics.median(
+            a / b for a, b in zip(added[mode], added[modes[0]], strict=True) if b > 0
+        )
+        row[mode][f"cpu_vs_{modes[0]}"] = statistics.median(
+            (m - p) / (f - p) for p, m, f in zip(cpu["plain"], cpu[mode], cpu[modes[0]], strict=True) if f > p
+        )
+    return row
 
 
 def main() -> None:
@@ -141,46 +169,74 @@ def main() -> None:
     )
     parser.add_argument("--blocks", type=int, default=30, help="alternating block triples per process")
     parser.add_argument("--block", type=int, default=100, help="publishes (or PINGs) per block")
-    parser.add_argument("--mode", choices=["seed", "inflight"], default="seed", help="the router's mode")
+    parser.add_argument(
+        "--modes",
+        "--mode",
+        default="seed",
+        help="the router's modes, comma-separated (seed, inflight); blocks of each alternate, "
+        "and every mode after the first is also compared with the first, block beside block",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     redis_url = args.redis.rstrip("/")
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = sorted(set(modes) - {"seed", "inflight"})
+    if unknown or not modes or len(set(modes)) != len(modes):
+        parser.error(f"--modes takes distinct modes among seed and inflight, not {args.modes!r}")
     if args.child:
-        print(json.dumps(child(redis_url, args.blocks, args.block, args.mode)))
+        print(json.dumps(child(redis_url, args.blocks, args.block, modes)))
         return
 
     rows = []
     for _ in range(max(1, args.processes)):
         command = [sys.executable, __file__, "--child", "--redis", redis_url]
-        command += ["--blocks", str(args.blocks), "--block", str(args.block), "--mode", args.mode]
+        command += ["--blocks", str(args.blocks), "--block", str(args.block), "--modes", ",".join(modes)]
         done = subprocess.run(command, capture_output=True, text=True, check=True)
         rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
-    summary = {key: statistics.median(r[key] for r in rows) for key in rows[0]}
     if args.json:
-        print(json.dumps({"processes": rows, "median": summary}, indent=2))
+        print(json.dumps({"modes": modes, "processes": rows}, indent=2))
         return
     print(
         f"{len(rows)} publisher processes x {args.blocks} alternating blocks of {args.block}, "
-        f"Redis broker, mode {args.mode}, medians"
+        f"Redis broker, modes {', '.join(modes)}, medians"
     )
     print(
-        "| process | plain us/publish | router us/publish | added us | PING us | added in PINGs "
-        "| floor: one PING from the hook, us | floor in PINGs | added in floors |"
+        "| process | mode | plain us/publish | router us/publish | added us | PING us | added in PINGs "
+        "| floor: one PING from the hook, us | floor in PINGs | added in floors | added CPU us |"
+        + "".join(f" vs {modes[0]} | CPU vs {modes[0]} |" for _ in modes[1:2])
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|" + "---|---|" * min(1, len(modes) - 1))
     for i, r in enumerate(rows, 1):
-        print(
-            f"| {i} | {r['plain_us']:.0f} | {r['router_us']:.0f} | {r['added_us']:.0f} | "
-            f"{r['ping_us']:.0f} | {r['added_pings']:.2f} | {r['floor_us']:.0f} | {r['floor_pings']:.2f} | "
-            f"{r['added_floors']:.2f} |"
+        for mode in modes:
+            m = r[mode]
+            versus = (
+                f" {m[f'vs_{modes[0]}']:.3f} | {m[f'cpu_vs_{modes[0]}']:.3f} |"
+                if mode != modes[0]
+                else (" | |" if len(modes) > 1 else "")
+            )
+            print(
+                f"| {i} | {mode} | {r['plain_us']:.0f} | {m['router_us']:.0f} | {m['added_us']:.0f} | "
+                f"{r['ping_us']:.0f} | {m['added_pings']:.2f} | {r['floor_us']:.0f} | "
+                f"{r['floor_pings']:.2f} | {m['added_floors']:.2f} | {m['added_cpu_us']:.0f} |{versus}"
+            )
+    for mode in modes:
+        added = statistics.median(r[mode]["added_us"] for r in rows)
+        pings = statistics.median(r[mode]["added_pings"] for r in rows)
+        floors = statistics.median(r[mode]["added_floors"] for r in rows)
+        added_cpu = statistics.median(r[mode]["added_cpu_us"] for r in rows)
+        line = (
+            f"{mode}: adds {added:.0f} us = {pings:.2f} round trips = {floors:.2f} floors, "
+            f"{added_cpu:.0f} us of the publisher's CPU"
         )
-    print(
-        f"median: plain {summary['plain_us']:.0f} us, router {summary['router_us']:.0f} us, "
-        f"added {summary['added_us']:.0f} us = {summary['added_pings']:.2f} round trips; "
-        f"one PING from the hook adds {summary['floor_us']:.0f} us = {summary['floor_pings']:.2f}; "
-        f"the router adds {summary['added_floors']:.2f} of those"
-    )
+        if mode != modes[0]:
+            versus = statistics.median(r[mode][f"vs_{modes[0]}"] for r in rows)
+            cpu_versus = statistics.median(r[mode][f"cpu_vs_{modes[0]}"] for r in rows)
+            line += f"; {versus:.3f}x the time and {cpu_versus:.3f}x the CPU {modes[0]} adds"
+        print(line)
+    floor_us = statistics.median(r["floor_us"] for r in rows)
+    floor_pings = statistics.median(r["floor_pings"] for r in rows)
+    print(f"one PING from the hook adds {floor_us:.0f} us = {floor_pings:.2f} round trips")
 
 
 if __name__ == "__main__":

@@ -1,19 +1,22 @@
 """``mode="inflight"`` on the worker: the end of each counted document takes it off its
-client's in-flight set.
+client's in-flight list.
 
 A document counted at publish carries the ``priority_router_inflight`` header (a retry
 copies it; a child task or an uncounted document has none).  Its end is whichever of
 these the worker sees:
 
 - ``task_postrun`` in the process that ran it (a prefork child, a thread, solo) with any
-  state but ``RETRY``: success, failure, ``Ignore``, ``Reject``; a retry's final run ends it;
+  state but ``RETRY``: success, failure, ``Ignore``, ``Reject``; a retry's final run ends
+  it, and a ``Reject(requeue=True)`` does not (the message runs again and ends then);
 - ``task_revoked`` (revoked, terminated, or expired before it ran);
 - ``task_failure`` sent by the worker's main process for a document whose process was
-  lost (``WorkerLostError``), rejected without requeue, or killed at its hard time limit;
+  lost (``WorkerLostError``), rejected without requeue, or killed at its hard time limit
+  (Celery reports a hard time limit twice, once without the request: that one is not
+  an end);
 - ``task_unknown`` (no such task registered in this worker).
 
-Each end is ``SREM`` of the document's member: it removes it at most once, so end events
-seen twice and documents run twice after a redelivery are ended exactly once.  A
+Each end is ``LREM`` of one entry of the document: it removes it at most once, so end
+events seen twice and documents run twice after a redelivery are ended exactly once.  A
 document whose worker was killed is redelivered (late acks) and ended when it finally
 runs; an end lost for good (its message is gone) is cleared by the idle reset.  Reaching
 Redis never breaks a task: a failure is logged once and the store is left alone for
@@ -94,10 +97,17 @@ def _router(app: object) -> PriorityRouter | None:
 
 
 def _on_postrun(
-    sender: Any = None, task_id: Any = None, task: Any = None, state: Any = None, **_: Any
+    sender: Any = None,
+    task_id: Any = None,
+    task: Any = None,
+    state: Any = None,
+    retval: Any = None,
+    **_: Any,
 ) -> None:
     if state == S.RETRY or task is None:
         return
+    if state == S.REJECTED and isinstance(retval, Reject) and retval.requeue:
+        return  # back in the queue: it ends when it runs again
     router = _router(getattr(task, "app", None))
     if router is not None:
         end_document(router, task.request, task_id)

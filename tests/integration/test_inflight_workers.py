@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import pytest
 from celery import Celery
-from celery.exceptions import WorkerLostError
+from celery.exceptions import TimeLimitExceeded, WorkerLostError
 from support.services import FAST_REDELIVERY, kill_worker_mid_work, running_worker
 
 from priority_router import PriorityRouter
@@ -86,7 +86,8 @@ def test_a_killed_workers_documents_are_ended_exactly_once(
     # Nothing unfinished was ended by the kill.
     unfinished = [i for i in ids if not app.AsyncResult(i).ready()]
     assert unfinished
-    assert all(router.redis.sismember(key, member(i)) for i in unfinished)
+    in_flight = router.redis.lrange(key, 0, -1)
+    assert all(member(i) in in_flight for i in unfinished)
     with running_worker(env, "--pool", "threads", "--concurrency", "2"):
         for i in ids:
             app.AsyncResult(i).get(timeout=120)
@@ -134,3 +135,32 @@ def test_a_killed_prefork_childs_document_is_ended_by_the_main_process(
         assert _wait_in_flight(router, "acme", 0) == 0
     assert router.peek("acme").pending == 0
     assert router.redis.exists(router.store.key("acme")) == 0
+
+
+def test_a_document_killed_at_its_hard_time_limit_is_ended(
+    producer: Callable[[], Celery], worker_env: dict[str, str]
+) -> None:
+    env = _env(worker_env)
+    app = _app(producer, env)
+    router = _router(env)
+    doomed = app.send_task(HOLD, (30,), headers={"client_id": "slow"}, time_limit=1)
+    assert router.peek("slow").pending == 0 and router.redis.exists(router.store.key("slow"))
+    with running_worker(env, "--pool", "prefork", "--concurrency", "1"):
+        with pytest.raises(TimeLimitExceeded):
+            doomed.get(timeout=60)
+        assert _wait_in_flight(router, "slow", 0) == 0
+    assert router.redis.exists(router.store.key("slow")) == 0
+
+
+def test_a_document_rejected_with_requeue_stays_in_flight_until_it_runs_again(
+    producer: Callable[[], Celery], worker_env: dict[str, str]
+) -> None:
+    env = _env(worker_env)
+    app = _app(producer, env)
+    router = _router(env)
+    result = app.send_task("tests.reject_once", ("requeued",), headers={"client_id": "requeued"})
+    with running_worker(env, "--pool", "threads", "--concurrency", "1"):
+        seen = result.get(timeout=60)
+        assert seen["in_flight"] == 1, "the requeued document was ended before it ran again"
+        assert _wait_in_flight(router, "requeued", 0) == 0
+    assert router.redis.exists(router.store.key("requeued")) == 0

@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 from celery import Task, shared_task
+from celery.exceptions import Reject
 
 from priority_router import headers as H
 
@@ -49,3 +50,20 @@ def retry_once(self: Task, client_id: str) -> dict[str, Any]:
 def hold_and_record(self: Task, seconds: float, client_id: str | None = None) -> dict[str, Any]:
     time.sleep(seconds)
     return _seen(self)
+
+
+_rejected: set[str] = set()
+
+
+@shared_task(bind=True, name="tests.reject_once")
+def reject_once(self: Task, client_id: str) -> dict[str, Any]:
+    """Rejected with requeue on its first run (run it on a threads or solo pool: the set
+    of rejected ids is this process's); the second run reports its client's in-flight list."""
+    if self.request.id not in _rejected:
+        _rejected.add(self.request.id)
+        raise Reject("not yet", requeue=True)
+    from priority_router.router import installed_router
+
+    router = installed_router(self.app)
+    assert router is not None and router.inflight is not None
+    return {**_seen(self), "in_flight": router.redis.llen(router.inflight.key(client_id))}

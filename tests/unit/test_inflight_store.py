@@ -1,8 +1,7 @@
-"""mode="inflight": the in-flight set's publish and end (docs/scheme.md, "Inflight mode")."""
+"""mode="inflight": its settings, keys and refusals (docs/scheme.md, "Inflight mode");
+the store's contract is tests/contract/test_inflight_list.py."""
 
 from __future__ import annotations
-
-import uuid
 
 import fakeredis
 import pytest
@@ -10,29 +9,12 @@ import pytest
 from priority_router import PriorityRouter
 from priority_router.config import RouterConfig
 from priority_router.errors import ConfigurationError
-from priority_router.store.inflight import member
 from priority_router.store.keys import client_id_from_inflight_key, client_key, inflight_key
 
 
 @pytest.fixture
 def router() -> PriorityRouter:
     return PriorityRouter(mode="inflight", redis_client=fakeredis.FakeRedis())
-
-
-def test_publish_lowers_and_end_raises_exactly_once(router: PriorityRouter) -> None:
-    ids = [str(uuid.uuid4()) for _ in range(5)]
-    assert [router.record("acme", i).pending for i in ids] == [0, -1, -2, -3, -4]
-    assert router.record("acme", ids[0]).pending == -4, "a duplicate publish adds nothing"
-    assert router.end("acme", ids[0]) is True
-    assert router.end("acme", ids[0]) is False, "a duplicate end changes nothing"
-    assert router.peek("acme").pending == -3
-    for i in ids[1:]:
-        assert router.end("acme", i) is True
-    assert router.peek("acme").pending == 0 and router.state("acme").ttl_ms is None
-    assert router.end("acme", ids[1]) is False, "never above nothing in flight"
-    assert router.end("acme", "never-published") is False
-    assert router.peek("acme").pending == 0
-    assert router.record("acme", "x").pending == 0
 
 
 def test_keys_do_not_collide_with_the_seed_counter() -> None:
@@ -58,12 +40,6 @@ def test_ttl_is_the_idle_reset_rearmed_by_ends(router: PriorityRouter) -> None:
     router.redis.pexpire(router.store.key("acme"), 10)
     router.end("acme", "a")
     assert router.state("acme").ttl_ms > 1_000_000
-
-
-def test_members_are_small_integers_for_an_intset() -> None:
-    m = member(str(uuid.uuid4()))
-    assert -(2**63) <= int(m) < 2**63 and str(int(m)).encode() == m
-    assert member("a") != member("b")
 
 
 def test_batch_and_record_many_refuse_in_inflight_mode(router: PriorityRouter) -> None:

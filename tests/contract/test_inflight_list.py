@@ -1,0 +1,184 @@
+"""One contract for the inflight mode's store, run on fakeredis and on a real Redis."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import pytest
+import redis
+
+from priority_router import PriorityRouter
+from priority_router.store.inflight import InflightCounter, member
+
+
+@pytest.fixture(params=["fakeredis", pytest.param("redis", marks=pytest.mark.integration)])
+def client(request: pytest.FixtureRequest) -> redis.Redis:
+    return request.getfixturevalue("fake_redis" if request.param == "fakeredis" else "real_redis")
+
+
+def make(client: redis.Redis, prefix: str, interval: float = 1500) -> PriorityRouter:
+    return PriorityRouter(mode="inflight", redis_client=client, key_prefix=prefix, reset_interval=interval)
+
+
+def ids(n: int) -> list[str]:
+    return [str(uuid.uuid4()) for _ in range(n)]
+
+
+def test_publish_lowers_and_end_raises_exactly_once(client: redis.Redis, key_prefix: str) -> None:
+    router = make(client, key_prefix)
+    docs = ids(5)
+    assert [router.record("acme", d).pending for d in docs] == [0, -1, -2, -3, -4]
+    assert router.end("acme", docs[0]) is True
+    assert router.end("acme", docs[0]) is False, "a duplicate end changes nothing"
+    assert router.peek("acme").pending == -3
+    for d in docs[1:]:
+        assert router.end("acme", d) is True
+    assert router.peek("acme").pending == 0 and router.state("acme").ttl_ms is None
+    assert client.exists(router.store.key("acme")) == 0, "Redis drops the emptied list"
+    assert router.end("acme", docs[1]) is False, "never above nothing in flight"
+    assert router.end("acme", "never-published") is False
+    assert router.record("acme", "x").pending == 0
+
+
+def test_a_task_id_published_twice_is_two_messages(client: redis.Redis, key_prefix: str) -> None:
+    # Celery runs both messages, so both are pending work, and each run ends one.
+    router = make(client, key_prefix)
+    assert router.record("acme", "same").pending == 0
+    assert router.record("acme", "same").pending == -1
+    assert router.end("acme", "same") is True
+    assert router.peek("acme").pending == 0, "one of the two is still in flight"
+    assert router.end("acme", "same") is True
+    assert router.end("acme", "same") is False
+    assert client.exists(router.store.key("acme")) == 0
+
+
+def test_ends_in_any_order(client: redis.Redis, key_prefix: str) -> None:
+    router = make(client, key_prefix)
+    docs = ids(40)
+    for d in docs:
+        router.record("acme", d)
+    order = docs[::2] + docs[1::2][::-1]
+    assert [router.end("acme", d) for d in order] == [True] * 40
+    assert router.peek("acme").pending == 0
+
+
+def test_a_publish_is_the_seed_checks_shape(
+    client: redis.Redis, key_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One round trip of MULTI, one counting command, PEXPIRE, EXEC: what a seed check sends,
+    so publishing in this mode costs what it costs in the seed mode."""
+    inflight = make(client, key_prefix)
+    seed = PriorityRouter(redis_client=client, key_prefix=key_prefix)
+    inflight.record("warm", "w")
+    seed.record("warm")
+    sent: list[list[bytes]] = []
+    pool = client.connection_pool
+    real = pool.get_connection
+
+    def recording(*args: object, **kwargs: object) -> object:
+        connection = real(*args, **kwargs)
+        if "send_packed_command" not in vars(connection):
+            original = connection.send_packed_command
+            monkeypatch.setattr(
+                connection,
+                "send_packed_command",
+                lambda c, *a, **k: (sent.append(list(c)), original(c, *a, **k))[1],
+            )
+        return connection
+
+    monkeypatch.setattr(pool, "get_connection", recording)
+
+    def commands(payload: list[bytes]) -> list[bytes]:
+        # Every command starts with "*<n>\r\n$<len>\r\n<NAME>".
+        parts = b"".join(payload).split(b"\r\n")
+        return [parts[i + 2].upper() for i, p in enumerate(parts) if p.startswith(b"*")]
+
+    inflight.record("acme", "doc-1")
+    seed.record("acme")
+    assert len(sent) == 2, "one round trip each"
+    assert commands(sent[0]) == [b"MULTI", b"LPUSH", b"PEXPIRE", b"EXEC"]
+    assert commands(sent[1]) == [b"MULTI", b"INCR", b"PEXPIRE", b"EXEC"]
+
+
+def test_every_list_has_the_idle_reset(client: redis.Redis, key_prefix: str) -> None:
+    router = make(client, key_prefix, interval=30)
+    docs = ids(30)
+    for n, d in enumerate(docs):
+        router.record(f"c{n % 4}", d)
+    for n, d in enumerate(docs[:10]):
+        router.end(f"c{n % 4}", d)
+    ttls = [client.pttl(k) for k in client.scan_iter(match=key_prefix + "*")]
+    assert len(ttls) == 4 and all(0 < ttl <= 30_000 for ttl in ttls)
+
+
+def test_lost_ends_are_cleared_by_the_idle_reset(client: redis.Redis, key_prefix: str) -> None:
+    counter = InflightCounter(client, key_prefix, reset_interval=0.3)
+    counter.check("acme", "lost-1")
+    counter.check("acme", "lost-2")
+    time.sleep(0.45)
+    assert counter.check("acme", "next") == 0
+
+
+def test_concurrent_publishes_and_ends_lose_nothing(client: redis.Redis, key_prefix: str) -> None:
+    router = make(client, key_prefix)
+    errors: list[BaseException] = []
+
+    def work(n: int) -> None:
+        try:
+            mine = [f"t{n}-{i}" for i in range(50)]
+            for d in mine:
+                router.record("shared", d)
+            for d in mine:
+                assert router.end("shared", d) is True
+                assert router.end("shared", d) is False
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert router.peek("shared").pending == 0
+    assert client.exists(router.store.key("shared")) == 0
+
+
+def test_entries_are_8_byte_digests() -> None:
+    m = member(str(uuid.uuid4()))
+    assert isinstance(m, bytes) and len(m) == 8
+    assert member("a") != member("b") and member("a") == member("a")
+    assert len(member("lone \udc80 surrogate")) == 8
+
+
+@pytest.mark.integration
+def test_entries_are_stored_compactly(real_redis: redis.Redis, key_prefix: str) -> None:
+    """Redis keeps an 8-byte entry in 10 bytes, a UUID string in 38: the list stays compact."""
+    router = make(real_redis, key_prefix)
+    for d in ids(100):
+        router.record("acme", d)
+    key = router.store.key("acme")
+    per_entry = (real_redis.memory_usage(key) or 0) / 100
+    assert real_redis.llen(key) == 100
+    assert per_entry < 20, f"{per_entry:.1f} bytes an entry: entries are not 8 bytes"
+
+
+@pytest.mark.integration
+def test_a_publish_cut_off_before_exec_changes_nothing(real_redis: redis.Redis, key_prefix: str) -> None:
+    import socket
+
+    counter = InflightCounter(real_redis, key_prefix, 1500)
+    key = counter.key("cut")
+    head, tail = counter._pack(key)
+    packed = head + b"$8\r\n" + member("cut") + b"\r\n" + tail
+    assert packed.startswith(b"*1\r\n$5\r\nMULTI\r\n") and packed.endswith(b"*1\r\n$4\r\nEXEC\r\n")
+    where = real_redis.connection_pool.connection_kwargs
+    with socket.create_connection((where.get("host", "127.0.0.1"), where.get("port", 6379))) as sock:
+        db = str(where.get("db", 0)).encode()
+        select = b"*2\r\n$6\r\nSELECT\r\n$%d\r\n%s\r\n" % (len(db), db)
+        sock.sendall(select + packed[: packed.rindex(b"*1")])
+        sock.recv(4096)
+    time.sleep(0.05)
+    assert real_redis.exists(key) == 0
