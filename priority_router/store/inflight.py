@@ -15,10 +15,12 @@ checked at 0, as in the seed mode), and ``pending = 0`` when the list is gone.
   nothing, and the count never rises above "nothing in flight".  A task id published
   twice is two messages, counted and ended once each.  Redis deletes a list whose last
   entry goes.
-- ``-1`` searches from the oldest entry: a client's documents finish roughly in the
-  order they were published (at one priority a queue is first in, first out), so the
-  entry is found within about as many steps as that client has documents running.  An
-  end that finds nothing (an end event seen twice) reads the whole list; that is rare.
+- ``-1`` searches from the oldest entry and walks past every older document of the
+  client still in flight.  On one queue a client's documents finish in about the order
+  they were published (at one priority a queue is first in, first out), so the entry is
+  among the first looked at; newer documents that finish before a deep backlog of older
+  ones pay for the backlog, and an end that finds nothing reads the whole list
+  (``bench/inflight_end.py``).
 - The TTL stays the idle reset, as a safety net for ends lost to crashes: every publish
   and every end re-arms it, so a list is dropped only after ``reset_interval`` seconds
   without either.
