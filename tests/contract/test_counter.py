@@ -11,6 +11,7 @@ from collections import Counter as Multiset
 
 import pytest
 import redis
+from support.redis_wire import record_sends, send_cut_before_exec
 
 from priority_router import DOCBITS_THRESHOLDS, CounterUnavailable, PriorityRouter
 from priority_router.store.counter import Counter
@@ -178,22 +179,7 @@ def test_a_check_is_one_round_trip(
 ) -> None:
     router = make(client, key_prefix)
     router.record("warm")
-    sent: list[object] = []
-    pool = client.connection_pool
-    real = pool.get_connection
-
-    def counted(*args: object, **kwargs: object) -> object:
-        connection = real(*args, **kwargs)
-        if "send_packed_command" not in vars(connection):
-            original = connection.send_packed_command
-            monkeypatch.setattr(
-                connection,
-                "send_packed_command",
-                lambda c, *a, **k: (sent.append(c), original(c, *a, **k))[1],
-            )
-        return connection
-
-    monkeypatch.setattr(pool, "get_connection", counted)
+    sent = record_sends(client, monkeypatch)
     router.record("acme")
     assert len(sent) == 1
     router.record_many("acme", 1000)
@@ -227,18 +213,9 @@ def test_no_key_is_left_without_expiry(client: redis.Redis, key_prefix: str) -> 
 def test_a_check_cut_off_before_exec_changes_nothing(real_redis: redis.Redis, key_prefix: str) -> None:
     """The whole check is one MULTI ... EXEC: a publisher that dies mid-send leaves no key,
     so never one without its expiry."""
-    import socket
-
     from priority_router.store.packed import PackedCheck
 
     key = Counter(real_redis, key_prefix, 1500).key("cut")
-    packed = PackedCheck(real_redis, 1_500_000)._pack(key, 1)
-    assert packed.startswith(b"*1\r\n$5\r\nMULTI\r\n") and packed.endswith(b"*1\r\n$4\r\nEXEC\r\n")
-    where = real_redis.connection_pool.connection_kwargs
-    with socket.create_connection((where.get("host", "127.0.0.1"), where.get("port", 6379))) as sock:
-        db = str(where.get("db", 0)).encode()
-        select = b"*2\r\n$6\r\nSELECT\r\n$%d\r\n%s\r\n" % (len(db), db)
-        sock.sendall(select + packed[: packed.rindex(b"*1")])
-        sock.recv(4096)
+    send_cut_before_exec(real_redis, PackedCheck(real_redis, 1_500_000)._pack(key, 1))
     time.sleep(0.05)
     assert real_redis.exists(key) == 0

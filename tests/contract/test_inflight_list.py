@@ -8,6 +8,7 @@ import uuid
 
 import pytest
 import redis
+from support.redis_wire import record_sends, send_cut_before_exec
 
 from priority_router import PriorityRouter
 from priority_router.store.inflight import InflightCounter, member
@@ -73,22 +74,7 @@ def test_a_publish_is_the_seed_checks_shape(
     seed = PriorityRouter(redis_client=client, key_prefix=key_prefix)
     inflight.record("warm", "w")
     seed.record("warm")
-    sent: list[list[bytes]] = []
-    pool = client.connection_pool
-    real = pool.get_connection
-
-    def recording(*args: object, **kwargs: object) -> object:
-        connection = real(*args, **kwargs)
-        if "send_packed_command" not in vars(connection):
-            original = connection.send_packed_command
-            monkeypatch.setattr(
-                connection,
-                "send_packed_command",
-                lambda c, *a, **k: (sent.append(list(c)), original(c, *a, **k))[1],
-            )
-        return connection
-
-    monkeypatch.setattr(pool, "get_connection", recording)
+    sent = record_sends(client, monkeypatch)
 
     def commands(payload: list[bytes]) -> list[bytes]:
         # Every command starts with "*<n>\r\n$<len>\r\n<NAME>".
@@ -167,18 +153,9 @@ def test_entries_are_stored_compactly(real_redis: redis.Redis, key_prefix: str) 
 
 @pytest.mark.integration
 def test_a_publish_cut_off_before_exec_changes_nothing(real_redis: redis.Redis, key_prefix: str) -> None:
-    import socket
-
     counter = InflightCounter(real_redis, key_prefix, 1500)
     key = counter.key("cut")
     head, tail = counter._pack(key)
-    packed = head + b"$8\r\n" + member("cut") + b"\r\n" + tail
-    assert packed.startswith(b"*1\r\n$5\r\nMULTI\r\n") and packed.endswith(b"*1\r\n$4\r\nEXEC\r\n")
-    where = real_redis.connection_pool.connection_kwargs
-    with socket.create_connection((where.get("host", "127.0.0.1"), where.get("port", 6379))) as sock:
-        db = str(where.get("db", 0)).encode()
-        select = b"*2\r\n$6\r\nSELECT\r\n$%d\r\n%s\r\n" % (len(db), db)
-        sock.sendall(select + packed[: packed.rindex(b"*1")])
-        sock.recv(4096)
+    send_cut_before_exec(real_redis, head + b"$8\r\n" + member("cut") + b"\r\n" + tail)
     time.sleep(0.05)
     assert real_redis.exists(key) == 0
