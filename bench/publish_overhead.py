@@ -120,10 +120,13 @@ def child(redis_url: str, blocks: int, block: int, modes: list[str]) -> dict[str
             for name in order:
                 times[name].append(ways[name](block))
     finally:
-        with plain.connection_for_write() as conn:
-            conn.default_channel.queue_delete(env["DOCUMENT_QUEUE"])
         for key in ping.scan_iter(match=f"overhead-{tag}:*"):
             ping.unlink(key)
+        # The queue, its priority lists (one per step) and its bindings, whichever app made them.
+        with redis.Redis.from_url(env["BROKER_URL"]) as broker:
+            for pattern in (f"overhead-{tag}*", f"_kombu.binding*.overhead-{tag}"):
+                for key in broker.scan_iter(match=pattern):
+                    broker.unlink(key)
         for app in (plain, *routed.values()):
             app.close()
         ping.close()
