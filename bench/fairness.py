@@ -31,8 +31,13 @@ from workers.app import create_app  # noqa: E402
 from workers.local_redis import redis_or_embedded  # noqa: E402
 from workers.workload import NoisyNeighbour, p95, publish, waits_by_group  # noqa: E402
 
+#: What one run measured: the workload, the clock before the first publish, task id ->
+#: (group, publish time), and task id -> the worker's report (``started_at``, ``finished_at``).
+Measured = tuple[NoisyNeighbour, float, dict[str, tuple[str, float]], dict[str, dict[str, Any]]]
 
-def run(mode: str, args: argparse.Namespace, redis_url: str) -> dict[str, Any]:
+
+def measure(mode: str, args: argparse.Namespace, redis_url: str) -> Measured:
+    """Run the workload once on a real worker, plain Celery (``mode="plain"``) or with the router."""
     env = {
         "BROKER_URL": args.broker or redis_url + "/14",
         "RESULT_BACKEND": redis_url + "/15",
@@ -57,7 +62,11 @@ def run(mode: str, args: argparse.Namespace, redis_url: str) -> dict[str, Any]:
         published = publish(app, workload)
         results = {tid: app.AsyncResult(tid).get(timeout=300) for tid in published}
     app.close()
+    return workload, start, published, results
 
+
+def run(mode: str, args: argparse.Namespace, redis_url: str) -> dict[str, Any]:
+    _, start, published, results = measure(mode, args, redis_url)
     waits = waits_by_group(published, results)
     return {
         "mode": mode,
@@ -71,9 +80,10 @@ def run(mode: str, args: argparse.Namespace, redis_url: str) -> dict[str, Any]:
     }
 
 
-def main() -> None:
+def arguments(description: str | None = __doc__) -> argparse.ArgumentParser:
+    """The benchmark's options (``bench/simulate_fidelity.py`` takes the same)."""
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--broker", help="broker URL (default: the Redis below, db 14)")
     parser.add_argument("--redis", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379"))
@@ -96,7 +106,11 @@ def main() -> None:
         "--repeat", type=int, default=1, help="run plain and router this many times, alternating"
     )
     parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = arguments().parse_args()
 
     redis_url, stop_redis = redis_or_embedded(args.redis.rstrip("/"))
     try:

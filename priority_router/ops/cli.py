@@ -434,3 +434,9 @@ def _repository() -> Path:
     if loaded is not None and Path(getattr(loaded, "__file__", "") or "").parent != root / "workers":
         _fail(f"another package named 'workers' is already imported ({loaded!r})", 2)
     return root
+
+
+# At the end: simulate.py imports nothing from here, but the command joins this group.
+from .simulate import simulate  # noqa: E402
+
+main.add_command(simulate)

@@ -1,0 +1,260 @@
+"""``priority-router simulate``: compare queue policies on a trace, without a broker or Redis.
+
+    priority-router simulate trace.csv --workers 16
+    priority-router simulate --workload noisy-neighbour --workers 8 --max-wait 1 --plot waits.png
+    priority-router simulate trace.csv --policies fifo,seed,drr --json
+
+The router's settings come from the options, else from ``PRIORITY_ROUTER_*`` variables
+(and the group's ``--reset-interval``), as the other commands read them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from ..config import RouterConfig
+from ..errors import ConfigurationError
+from ..policy import DOCBITS_THRESHOLDS, MOST_URGENT, Policy
+from ..simulation.compare import compare
+from ..simulation.policies import POLICIES
+from ..simulation.report import (
+    PlotUnavailable,
+    as_json,
+    check_plot,
+    groups_table,
+    plot,
+    policy_table,
+    summary_table,
+)
+from ..simulation.trace import Trace, TraceError, load_csv
+from ..simulation.workloads import DEFAULT_SEED, WORKLOADS
+
+THRESHOLDS_HELP = (
+    "The threshold table as LIMIT:PRIORITY rows, lowest limit first, priority applying when "
+    "pending < LIMIT; an optional fallback:PRIORITY for counts under no limit (default 1). "
+    "Default: the scheme's table, "
+    + ",".join(f"{r.below}:{r.priority}" for r in DOCBITS_THRESHOLDS.thresholds)
+)
+BOUNDED = tuple(p for p in POLICIES if p.endswith("+max_wait"))
+
+
+def parse_thresholds(text: str) -> Policy:
+    """``-20:9,-14:8,...,fallback:1`` -> a validated :class:`Policy`; ValueError says what is wrong."""
+    rows: list[tuple[int, int]] = []
+    fallback = MOST_URGENT
+    items = [item.strip() for item in text.split(",")]
+    for n, item in enumerate(items):
+        limit, colon, priority = item.partition(":")
+        if not colon:
+            raise ValueError(
+                f"{item!r} is not LIMIT:PRIORITY; write rows like -20:9,-14:8 (lowest limit first)"
+            )
+        try:
+            value = int(priority)
+        except ValueError:
+            raise ValueError(f"{item!r}: priority {priority!r} is not a whole number from 1 to 9") from None
+        if limit.strip().lower() == "fallback":
+            if n != len(items) - 1:
+                raise ValueError(f"{item!r} must come last: it is the priority of counts under no limit")
+            fallback = value
+            continue
+        try:
+            rows.append((int(limit), value))
+        except ValueError:
+            raise ValueError(
+                f"{item!r}: limit {limit!r} is not a whole number of pending documents, e.g. -20"
+            ) from None
+    return Policy.from_rows(rows, fallback=fallback)
+
+
+def _thresholds(ctx: click.Context, param: click.Parameter, value: str | None) -> Policy | None:
+    if value is None:
+        return None
+    try:
+        return parse_thresholds(value)
+    except ValueError as exc:  # ConfigurationError is a ValueError too
+        raise click.BadParameter(str(exc), ctx, param) from None
+
+
+def _policies(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    names = tuple(dict.fromkeys(p.strip() for p in value.split(",") if p.strip()))
+    unknown = [p for p in names if p not in POLICIES]
+    if unknown or not names:
+        raise click.BadParameter(
+            f"{', '.join(unknown) or 'nothing'} is not a policy; use a comma list of {', '.join(POLICIES)}",
+            ctx,
+            param,
+        )
+    return names
+
+
+@click.command()
+@click.argument("trace", required=False, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option(
+    "--workload",
+    type=click.Choice(list(WORKLOADS)),
+    help="Simulate a built-in workload (the benchmarks' own) instead of a TRACE file.",
+)
+@click.option("--seed", type=int, help=f"Seed of a built-in workload's document lengths [{DEFAULT_SEED}].")
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    default=4,
+    show_default=True,
+    help="Worker slots (processes x threads).",
+)
+@click.option("--thresholds", callback=_thresholds, metavar="ROWS", help=THRESHOLDS_HELP)
+@click.option(
+    "--reset-interval",
+    type=float,
+    help="Idle seconds before a client's count resets [PRIORITY_ROUTER_RESET_INTERVAL, 1500].",
+)
+@click.option(
+    "--max-wait",
+    type=float,
+    help="Seconds after which a waiting document goes first, for the +max_wait policies "
+    "[PRIORITY_ROUTER_MAX_WAIT; without it those policies are left out].",
+)
+@click.option(
+    "--policies",
+    callback=_policies,
+    help=f"Comma list of policies to compare [all: {','.join(POLICIES)}].",
+)
+@click.option("--quantum", type=float, help="DRR quantum in seconds [the trace's longest document].")
+@click.option(
+    "--overhead",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    show_default=True,
+    help="Seconds a slot spends fetching and acknowledging each document before it starts.",
+)
+@click.option("--json", "as_json_flag", is_flag=True, help="Print only the JSON document.")
+@click.option(
+    "--plot",
+    "plot_path",
+    type=click.Path(dir_okay=False, writable=True, path_type=Path),
+    metavar="FILE.png",
+    help="Write a chart of each client group's waits per policy (needs the 'plot' extra).",
+)
+@click.option(
+    "--clients", type=click.IntRange(min=1), default=20, show_default=True, help="Most rows per policy table."
+)
+@click.pass_context
+def simulate(
+    ctx: click.Context,
+    trace: Path | None,
+    workload: str | None,
+    seed: int | None,
+    workers: int,
+    thresholds: Policy | None,
+    reset_interval: float | None,
+    max_wait: float | None,
+    policies: tuple[str, ...] | None,
+    quantum: float | None,
+    overhead: float,
+    as_json_flag: bool,
+    plot_path: Path | None,
+    clients: int,
+) -> None:
+    """Compare queue policies on TRACE (a CSV file timestamp,client_id,duration) or a --workload.
+
+    Simulates FIFO (plain Celery), the router's seed and inflight modes (each also with
+    --max-wait) and deficit round robin over clients (the ideal no broker offers) with the
+    router's own threshold table, and shows each client's p50/p95/max wait, the makespan
+    and Jain's index of the clients' slowdowns.  No broker, no Redis.
+    """
+    if (trace is None) == (workload is None):
+        raise click.UsageError("give a TRACE file or --workload NAME (one of them)")
+    if seed is not None and workload is None:
+        raise click.BadParameter(
+            "sets a built-in workload's document lengths; a TRACE file has its own", ctx, param_hint="--seed"
+        )
+    if quantum is not None and not quantum > 0:
+        raise click.BadParameter(
+            f"{quantum!r} is not a positive number of seconds", ctx, param_hint="--quantum"
+        )
+    config = _config(ctx, reset_interval, max_wait, thresholds)
+    chosen = _chosen(policies, config)
+    if plot_path is not None:
+        try:
+            check_plot(plot_path)
+        except PlotUnavailable as exc:
+            raise click.UsageError(str(exc)) from None
+
+    source = trace.name if trace is not None else f"workload {workload}"
+    loaded = _load(trace, workload, DEFAULT_SEED if seed is None else seed)
+    console = Console(stderr=as_json_flag)
+    if not as_json_flag and policies is None and config.max_wait is None:
+        console.print(f"[dim]{' and '.join(BOUNDED)} need --max-wait SECONDS: left out[/]")
+    with console.status("simulating") as status:
+        outcomes = compare(
+            loaded,
+            chosen,
+            config,
+            workers,
+            quantum,
+            progress=lambda name: status.update(f"simulating {name}"),
+            overhead=overhead,
+        )
+    if plot_path is not None:
+        plot(outcomes, loaded, plot_path, f"{source}: {workers} workers")
+    if as_json_flag:
+        click.echo(json.dumps(as_json(outcomes), indent=2))
+        return
+    settings = (
+        f"reset_interval {config.reset_interval:g} s"
+        + ("" if config.max_wait is None else f", max_wait {config.max_wait:g} s")
+        + ("" if thresholds is None else ", custom thresholds")
+        + ("" if not overhead else f", overhead {overhead * 1000:g} ms per document")
+    )
+    size = f"{len(loaded)} documents, {len(loaded.clients)} clients, {workers} workers"
+    console.print(summary_table(outcomes, f"{source}: {size}; {settings}"))
+    console.print(groups_table(outcomes, loaded))
+    for outcome in outcomes.values():
+        console.print(policy_table(outcome, loaded, clients))
+    if plot_path is not None:
+        console.print(f"Chart: {plot_path}")
+
+
+def _config(
+    ctx: click.Context, reset_interval: float | None, max_wait: float | None, thresholds: Policy | None
+) -> RouterConfig:
+    if reset_interval is None and ctx.parent is not None:
+        reset_interval = ctx.parent.params.get("reset_interval")
+    try:
+        return RouterConfig.from_env(
+            None, reset_interval=reset_interval, max_wait=max_wait, thresholds=thresholds
+        )
+    except ConfigurationError as exc:
+        option = {"reset_interval": "--reset-interval", "max_wait": "--max-wait"}.get(exc.setting)
+        if option is None:
+            raise click.UsageError(str(exc), ctx) from None
+        raise click.BadParameter(f"{exc.problem}. Fix: {exc.fix}", ctx, param_hint=option) from None
+
+
+def _chosen(policies: tuple[str, ...] | None, config: RouterConfig) -> tuple[str, ...]:
+    if policies is None:
+        return tuple(p for p in POLICIES if config.max_wait is not None or p not in BOUNDED)
+    needing = [p for p in policies if p in BOUNDED]
+    if needing and config.max_wait is None:
+        raise click.BadParameter(
+            f"{', '.join(needing)} need a max_wait: add --max-wait SECONDS (or set PRIORITY_ROUTER_MAX_WAIT)",
+            param_hint="--policies",
+        )
+    return policies
+
+
+def _load(trace: Path | None, workload: str | None, seed: int) -> Trace:
+    if trace is None:
+        assert workload is not None
+        return WORKLOADS[workload](seed).trace()
+    try:
+        return load_csv(trace)
+    except TraceError as exc:
+        raise click.BadParameter(str(exc), param_hint="TRACE") from None

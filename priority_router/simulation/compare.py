@@ -1,0 +1,35 @@
+"""Run one trace under several policies and collect what each did."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from ..config import RouterConfig
+from .engine import run
+from .metrics import Outcome, summarize
+from .policies import build
+from .trace import Trace
+
+#: Called as ``progress(policy)`` before each policy runs.
+Progress = Callable[[str], None]
+
+
+def compare(
+    trace: Trace,
+    policies: Iterable[str],
+    config: RouterConfig,
+    workers: int,
+    quantum: float | None = None,
+    progress: Progress | None = None,
+    overhead: float = 0.0,
+) -> dict[str, Outcome]:
+    """Each policy's outcome on ``trace`` with ``workers`` slots and ``config``'s thresholds,
+    reset interval and max_wait (``quantum``: the DRR quantum, default the longest document;
+    ``overhead``: seconds between a slot taking a document and starting it)."""
+    outcomes = {}
+    for name in policies:
+        if progress is not None:
+            progress(name)
+        schedule = run(trace, build(name, config, quantum), workers, overhead)
+        outcomes[name] = summarize(name, trace, schedule)
+    return outcomes

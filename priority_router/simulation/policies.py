@@ -1,0 +1,247 @@
+"""Queue disciplines: which waiting document a free worker slot takes next.
+
+- ``fifo``: plain Celery, one queue, first in first out.
+- ``seed`` / ``inflight``: the router.  At publish the client's count (``counters.py``)
+  gives ``pending``, the router's threshold table gives the logical priority, and the
+  document joins that priority's list; a free slot takes the oldest document of the most
+  urgent non-empty list (kombu's Redis transport with the router's settings: one list
+  per priority step, polled in priority order).
+- ``+max_wait``: the worker's sweeper runs every ``sweep_interval(max_wait)`` seconds
+  and moves every document published ``max_wait`` or more seconds ago (at most
+  ``BATCH * MAX_CALLS`` per sweep), oldest first, to step 0, the list polled before every
+  priority (``integration/lua/promote.lua``).
+- ``drr``: deficit round robin over clients with document seconds as the cost, the ideal
+  no broker offers: each client with waiting documents gets ``quantum`` seconds of work
+  per round.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Callable
+from typing import Protocol
+
+from ..config import RouterConfig
+from ..integration.starvation import BATCH, MAX_CALLS, sweep_interval
+from ..policy import LEAST_URGENT, Policy
+from .counters import InflightCount, SeedCount
+from .trace import Trace
+
+#: Every policy ``simulate`` knows, in the order it reports them.
+POLICIES = ("fifo", "seed", "seed+max_wait", "inflight", "inflight+max_wait", "drr")
+#: Most documents one sweep promotes (a sweep calls the script up to MAX_CALLS times).
+SWEEP_LIMIT = BATCH * MAX_CALLS
+
+#: ``prioritize(client_id, pending)`` -> logical priority 1..9.  The router's is its
+#: threshold table's ``priority_for(pending)``; a per-client adjustment (tiers) goes here.
+Prioritize = Callable[[str, int], int]
+
+
+class Discipline(Protocol):
+    """One queue discipline, driven by :func:`~priority_router.simulation.engine.run`."""
+
+    #: Seconds between sweeps of waiting documents, None for none.
+    sweep_every: float | None
+
+    def prepare(self, trace: Trace, published: list[float]) -> None:
+        """Start afresh for ``trace``; ``published[doc]`` is each published document's time."""
+
+    def publish(self, doc: int, client: int, now: float) -> None:
+        """``doc`` of ``client`` is published at ``now`` and waits."""
+
+    def take(self) -> int:
+        """The waiting document a free slot takes next (there is one)."""
+
+    def finish(self, doc: int, client: int, now: float) -> None:
+        """``doc`` of ``client`` finished at ``now``."""
+
+    def sweep(self, now: float) -> None:
+        """A sweep at ``now`` (only when ``sweep_every`` is set)."""
+
+
+class Fifo:
+    """Plain Celery: one queue, first in first out."""
+
+    sweep_every: float | None = None
+
+    def __init__(self) -> None:
+        self._queue: deque[int] = deque()
+
+    def prepare(self, trace: Trace, published: list[float]) -> None:
+        self._queue = deque()
+
+    def publish(self, doc: int, client: int, now: float) -> None:
+        self._queue.append(doc)
+
+    def take(self) -> int:
+        return self._queue.popleft()
+
+    def finish(self, doc: int, client: int, now: float) -> None:
+        return None
+
+    def sweep(self, now: float) -> None:
+        return None
+
+
+class RouterQueue:
+    """The router in ``mode`` ("seed" or "inflight"), with the max_wait sweeper when
+    ``max_wait`` is set."""
+
+    def __init__(
+        self,
+        mode: str,
+        thresholds: Policy,
+        reset_interval: float,
+        max_wait: float | None = None,
+        prioritize: Prioritize | None = None,
+    ) -> None:
+        if mode not in ("seed", "inflight"):
+            raise ValueError(f"mode {mode!r} is not seed or inflight")
+        self.mode = mode
+        self.thresholds = thresholds
+        self.reset_interval = reset_interval
+        self.max_wait = max_wait
+        self.prioritize = prioritize
+        self.sweep_every = None if max_wait is None else sweep_interval(max_wait)
+        #: Index 0 is step 0 (promoted documents); 1..9 are the logical priorities.
+        self._lists: list[deque[int]] = [deque() for _ in range(LEAST_URGENT + 1)]
+        self._published: list[float] = []
+        self._seed = SeedCount(reset_interval)
+        self._inflight = InflightCount(reset_interval)
+        self._ids: tuple[str, ...] = ()
+
+    def prepare(self, trace: Trace, published: list[float]) -> None:
+        self._lists = [deque() for _ in range(LEAST_URGENT + 1)]
+        self._published = published
+        self._seed = SeedCount(self.reset_interval)
+        self._inflight = InflightCount(self.reset_interval)
+        self._ids = trace.clients
+
+    def publish(self, doc: int, client: int, now: float) -> None:
+        if self.mode == "seed":
+            pending = self._seed.check(client, now)
+        else:
+            pending = self._inflight.check(client, doc, now)
+        if self.prioritize is None:
+            priority = self.thresholds.priority_for(pending)
+        else:
+            priority = self.prioritize(self._ids[client], pending)
+        self._lists[priority].append(doc)
+
+    def take(self) -> int:
+        for waiting in self._lists:
+            if waiting:
+                return waiting.popleft()
+        raise IndexError("take() from an empty queue")
+
+    def finish(self, doc: int, client: int, now: float) -> None:
+        if self.mode == "inflight":
+            self._inflight.end(client, doc, now)
+
+    def sweep(self, now: float) -> None:
+        """promote.lua: while the oldest document of the priority lists was published at
+        or before ``now - max_wait``, move it to the tail of step 0."""
+        assert self.max_wait is not None
+        cutoff = now - self.max_wait
+        published = self._published
+        lists = self._lists
+        heads = [(published[q[0]], p) for p, q in enumerate(lists) if p and q and published[q[0]] <= cutoff]
+        if not heads:
+            return
+        heapq.heapify(heads)
+        promoted = lists[0]
+        for _ in range(SWEEP_LIMIT):
+            if not heads:
+                break
+            _, p = heads[0]
+            waiting = lists[p]
+            promoted.append(waiting.popleft())
+            if waiting and published[waiting[0]] <= cutoff:
+                heapq.heapreplace(heads, (published[waiting[0]], p))
+            else:
+                heapq.heappop(heads)
+
+
+class DeficitRoundRobin:
+    """Deficit round robin over clients (Shreedhar and Varghese, 1996), cost = seconds.
+
+    Clients with waiting documents take turns in the order they became busy; a turn adds
+    ``quantum`` seconds to the client's deficit and serves its documents, oldest first,
+    while the next one fits in the deficit.  A client that runs out of documents leaves
+    the round and loses its deficit.  The default quantum is the trace's longest
+    document, so every turn serves at least one document (the classic choice: work per
+    document stays constant however many clients wait).
+    """
+
+    sweep_every: float | None = None
+
+    def __init__(self, quantum: float | None = None) -> None:
+        if quantum is not None and not quantum > 0:
+            raise ValueError(f"quantum {quantum!r} is not a positive number of seconds")
+        self.quantum = quantum
+        self._queues: dict[int, deque[int]] = {}
+        self._active: deque[int] = deque()
+        self._deficit: dict[int, float] = {}
+        self._duration: list[float] = []
+        self._turn = False
+        self._q = 0.0
+
+    def prepare(self, trace: Trace, published: list[float]) -> None:
+        self._queues = {}
+        self._active = deque()
+        self._deficit = {}
+        self._duration = trace.duration
+        self._turn = False
+        self._q = self.quantum if self.quantum is not None else max(trace.duration)
+
+    def publish(self, doc: int, client: int, now: float) -> None:
+        waiting = self._queues.get(client)
+        if waiting is None:
+            waiting = self._queues[client] = deque()
+        if not waiting:
+            self._active.append(client)
+            self._deficit[client] = 0.0
+        waiting.append(doc)
+
+    def take(self) -> int:
+        active = self._active
+        deficit = self._deficit
+        while True:
+            client = active[0]
+            if not self._turn:
+                deficit[client] += self._q
+                self._turn = True
+            waiting = self._queues[client]
+            cost = self._duration[waiting[0]]
+            if cost <= deficit[client]:
+                deficit[client] -= cost
+                doc = waiting.popleft()
+                if not waiting:
+                    active.popleft()
+                    deficit[client] = 0.0
+                    self._turn = False
+                return doc
+            active.rotate(-1)
+            self._turn = False
+
+    def finish(self, doc: int, client: int, now: float) -> None:
+        return None
+
+    def sweep(self, now: float) -> None:
+        return None
+
+
+def build(name: str, config: RouterConfig, quantum: float | None = None) -> Discipline:
+    """The discipline called ``name`` (one of :data:`POLICIES`) with ``config``'s
+    thresholds, reset interval and max_wait."""
+    if name == "fifo":
+        return Fifo()
+    if name == "drr":
+        return DeficitRoundRobin(quantum)
+    mode, _, bounded = name.partition("+")
+    if mode not in ("seed", "inflight") or bounded not in ("", "max_wait"):
+        raise ValueError(f"{name!r} is not a policy; use one of {', '.join(POLICIES)}")
+    if bounded and config.max_wait is None:
+        raise ValueError(f"{name} needs a max_wait; set max_wait in the configuration")
+    return RouterQueue(mode, config.thresholds, config.reset_interval, config.max_wait if bounded else None)

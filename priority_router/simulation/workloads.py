@@ -1,0 +1,187 @@
+"""The built-in workloads: the same definitions the real benchmarks publish and the simulator replays.
+
+``workers/workload.py`` publishes these documents to real Celery workers (the demo,
+``bench/fairness.py``, ``bench/fairness_modes.py``, ``bench/starvation.py``); each
+workload's :meth:`trace` is the same documents for the simulator.  Document lengths are
+seeded, so two runs of one workload (real or simulated) send the same documents.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+from .trace import Trace, TraceBuilder
+
+
+@dataclass(frozen=True)
+class Document:
+    group: str  # "heavy" or "light"
+    client_id: str
+    document_id: str
+    #: Seconds the document holds a worker slot (``hold_document``).
+    seconds: float
+    #: Seconds after the start (for NoisyNeighbour: after the burst is out) at which it is published.
+    at: float
+
+
+@dataclass(frozen=True)
+class NoisyNeighbour:
+    """One heavy client dumps a burst of documents; then light clients each send a few,
+    spread over ``light_spread`` seconds starting ``light_start`` seconds after the burst
+    is out.
+
+    The light schedule starts when the burst has been published, not when it began: light
+    documents that fell due while the burst was still being sent would otherwise all go
+    out at once and queue behind each other, and the run would measure that instead of
+    how the light clients fare next to the heavy backlog.  In the simulator publishing
+    takes no time, so the burst is out at 0.
+    """
+
+    heavy: int = 300
+    light_clients: int = 12
+    light_docs: int = 3
+    #: Mean seconds a document holds a worker slot.
+    doc_seconds: float = 0.04
+    #: Lengths are uniform in doc_seconds * (1 +/- jitter); 0 makes every document equal.
+    jitter: float = 0.0
+    light_start: float = 0.05
+    light_spread: float = 1.0
+    seed: int = 7
+    #: Publish ``process_document`` with this many pages (CPU work) instead of ``hold_document``.
+    pages: int | None = None
+
+    @property
+    def total(self) -> int:
+        return self.heavy + self.light_clients * self.light_docs
+
+    def documents(self) -> Iterator[Document]:
+        length = _lengths(self.seed, self.doc_seconds, self.jitter)
+        for n in range(self.heavy):
+            yield Document("heavy", "heavy", f"h{n}", length(), 0.0)
+        light = [(c, d) for d in range(self.light_docs) for c in range(self.light_clients)]
+        gap = self.light_spread / max(1, len(light))
+        for i, (c, d) in enumerate(light):
+            yield Document("light", f"light{c:02d}", f"l{c}-{d}", length(), self.light_start + i * gap)
+
+    def trace(self) -> Trace:
+        return _open_trace(self.documents())
+
+
+def _lengths(seed: int, doc_seconds: float, jitter: float) -> Callable[[], float]:
+    rng = random.Random(seed)
+    return lambda: doc_seconds * (1 + jitter * (2 * rng.random() - 1))
+
+
+@dataclass(frozen=True)
+class SteadyBurst:
+    """A steady client next to a bursting one.
+
+    The steady client (group "light") sends ``steady`` documents one at a time: each is
+    published when the previous one has finished.  Just before its ``burst_after``-th
+    document (0-based), the bursting client (group "heavy") dumps ``burst`` documents at
+    once, so that steady document and the ones after it meet the burst's backlog.
+    """
+
+    steady: int = 30
+    burst: int = 150
+    burst_after: int = 5
+    doc_seconds: float = 0.05
+    jitter: float = 0.5
+    seed: int = 7
+
+    @property
+    def total(self) -> int:
+        return self.steady + self.burst
+
+    def documents(self) -> tuple[list[Document], list[Document]]:
+        """(the steady client's documents, the burst), with seeded lengths."""
+        length = _lengths(self.seed, self.doc_seconds, self.jitter)
+        steady = [Document("light", "steady", f"s{n}", length(), 0.0) for n in range(self.steady)]
+        burst = [Document("heavy", "burst", f"b{n}", length(), 0.0) for n in range(self.burst)]
+        return steady, burst
+
+    def trace(self) -> Trace:
+        """The steady client as a closed loop: each document follows the previous one's
+        finish; the burst follows the finish of document ``burst_after - 1`` and goes out
+        before document ``burst_after``, as ``publish_steady_burst`` sends it."""
+        steady, burst = self.documents()
+        builder = TraceBuilder()
+        previous = -1
+        for n, doc in enumerate(steady):
+            if n == self.burst_after:
+                for heavy in burst:
+                    builder.add(heavy.client_id, heavy.group, 0.0, heavy.seconds, after=previous)
+            previous = builder.add(doc.client_id, doc.group, 0.0, doc.seconds, after=previous)
+        return builder.build()
+
+
+@dataclass(frozen=True)
+class HeavyMix:
+    """Several heavy clients of different sizes, and light clients spread over time.
+
+    Heavy client ``i`` (``heavy0``, ``heavy1``, ...) dumps ``heavy[i]`` documents at once,
+    ``i * heavy_gap`` seconds after the start; then ``light_clients`` clients send
+    ``light_docs`` each, spread evenly over ``light_spread`` seconds from ``light_start``.
+    """
+
+    heavy: tuple[int, ...] = (120, 60, 30)
+    heavy_gap: float = 0.5
+    light_clients: int = 8
+    light_docs: int = 2
+    light_start: float = 0.1
+    light_spread: float = 2.5
+    doc_seconds: float = 0.05
+    jitter: float = 0.5
+    seed: int = 7
+
+    @property
+    def total(self) -> int:
+        return sum(self.heavy) + self.light_clients * self.light_docs
+
+    def documents(self) -> list[Document]:
+        """Every document, in publishing order (by ``at``, seconds after the start)."""
+        length = _lengths(self.seed, self.doc_seconds, self.jitter)
+        docs = [
+            Document("heavy", f"heavy{i}", f"h{i}-{n}", length(), i * self.heavy_gap)
+            for i, size in enumerate(self.heavy)
+            for n in range(size)
+        ]
+        light = [(c, d) for d in range(self.light_docs) for c in range(self.light_clients)]
+        gap = self.light_spread / max(1, len(light))
+        docs += [
+            Document("light", f"light{c:02d}", f"l{c}-{d}", length(), self.light_start + i * gap)
+            for i, (c, d) in enumerate(light)
+        ]
+        return sorted(docs, key=lambda doc: doc.at)  # stable: a dump stays in order
+
+    def trace(self) -> Trace:
+        return _open_trace(self.documents())
+
+
+def _open_trace(documents: Iterator[Document] | list[Document]) -> Trace:
+    """Documents published at their ``at``, in the order given (sorted by ``at``)."""
+    builder = TraceBuilder()
+    for doc in sorted(documents, key=lambda d: d.at):
+        builder.add(doc.client_id, doc.group, doc.at, doc.seconds)
+    return builder.build()
+
+
+class Workload(Protocol):
+    def trace(self) -> Trace: ...
+
+
+#: ``--workload`` name -> the workload with a given seed: the real benchmarks' defaults
+#: (``bench/fairness.py`` for the noisy neighbour, ``bench/fairness_modes.py`` for the others).
+WORKLOADS: dict[str, Callable[[int], Workload]] = {
+    "noisy-neighbour": lambda seed: NoisyNeighbour(
+        heavy=160, light_clients=12, light_docs=2, doc_seconds=0.05, jitter=0.5, seed=seed
+    ),
+    "steady-burst": lambda seed: SteadyBurst(seed=seed),
+    "heavy-mix": lambda seed: HeavyMix(seed=seed),
+}
+
+#: The seed every built-in workload uses unless told otherwise (the benchmarks' default).
+DEFAULT_SEED = 7

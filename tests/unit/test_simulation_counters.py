@@ -1,0 +1,222 @@
+"""The simulator's in-memory counts behave exactly as the router's Redis stores.
+
+The same random sequence of (time, client) publishes and ends goes through the router's
+real ``Counter`` / ``InflightCounter`` and through ``SeedCount`` / ``InflightCount``; every
+answer and every read must be identical.  On fakeredis the clock is driven (thousands of
+events, gaps landing exactly on the reset interval); on fakeredis and a real Redis with
+real sleeps, the gaps keep 100 ms clear of the interval, and the simulator is given the
+clock readings taken just before each command.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import types
+import uuid
+from collections.abc import Callable, Iterator
+from itertools import pairwise
+
+import fakeredis
+import fakeredis._socket._base as fake_socket
+import pytest
+import redis
+
+from priority_router import DOCBITS_THRESHOLDS
+from priority_router.simulation.counters import InflightCount, SeedCount
+from priority_router.store.counter import Counter
+from priority_router.store.inflight import InflightCounter
+
+CLIENTS = ("acme", "globex", "initech")
+
+#: One step of a sequence: (tick, client, "publish" or "end", task id)
+Step = tuple[int, str, str, str]
+
+
+def sequence(seed: int, ticks: int, per_tick: int, pause: float) -> list[Step]:
+    """Random publishes and ends: each tick, up to ``per_tick`` steps of random clients,
+    and with probability ``pause`` none (so clients go idle past the interval)."""
+    rng = random.Random(seed)
+    steps: list[Step] = []
+    published: dict[str, list[str]] = {c: [] for c in CLIENTS}
+    for tick in range(ticks):
+        if rng.random() < pause:
+            continue
+        for _ in range(rng.randint(1, per_tick)):
+            client = rng.choice(CLIENTS)
+            mine = published[client]
+            if mine and rng.random() < 0.45:
+                # Oldest first mostly; sometimes a stale or never-published id, whose end
+                # still re-arms the list's TTL in Redis.
+                roll = rng.random()
+                task = mine.pop(0) if roll < 0.7 else mine.pop() if roll < 0.9 else f"ghost-{uuid.uuid4()}"
+                steps.append((tick, client, "end", task))
+            else:
+                task = str(uuid.uuid4())
+                mine.append(task)
+                steps.append((tick, client, "publish", task))
+    return steps
+
+
+def replay_seed(steps: list[Step], counter: Counter, model: SeedCount, now: Callable[[int], float]) -> None:
+    for tick, client, _, _ in steps:
+        t = now(tick)
+        got = counter.check(client)
+        assert got == model.check(client, t), (tick, client)
+        for other in CLIENTS:
+            assert counter.read(other).pending == model.pending(other, t), (tick, other)
+
+
+def replay_inflight(
+    steps: list[Step], counter: InflightCounter, model: InflightCount, now: Callable[[int], float]
+) -> None:
+    for tick, client, action, task in steps:
+        t = now(tick)
+        if action == "publish":
+            assert counter.check(client, task) == model.check(client, task, t), (tick, client, action)
+        else:
+            assert counter.end(client, task) == model.end(client, task, t), (tick, client, action)
+        for other in CLIENTS:
+            assert counter.read(other).pending == model.pending(other, t), (tick, other)
+
+
+# -- the semantics, stated -----------------------------------------------------------------
+
+
+def test_seed_count_gives_the_scheme_worked_example() -> None:
+    count = SeedCount(reset_interval=1500)
+    got = [DOCBITS_THRESHOLDS.priority_for(count.check("acme", 0.1 * i)) for i in range(22)]
+    assert got == [1, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7, 8, 8, 8, 8, 8, 8, 9]
+
+
+def test_seed_count_resets_after_more_than_the_interval_since_the_last_check() -> None:
+    count = SeedCount(reset_interval=10)
+    assert [count.check("a", t) for t in (0, 9, 18, 27)] == [0, -1, -2, -3]  # each check re-arms
+    assert count.check("a", 37) == -4  # exactly the interval: Redis keeps the key
+    assert count.check("a", 47.001) == 0
+    assert count.pending("a", 47.5) == 0 and count.pending("b", 0) == 0
+
+
+def test_inflight_count_is_one_minus_the_documents_in_flight() -> None:
+    count = InflightCount(reset_interval=10)
+    assert [count.check("a", d, 0) for d in ("d1", "d2", "d3")] == [0, -1, -2]
+    assert count.end("a", "d1", 1) is True
+    assert count.end("a", "d1", 1) is False  # ended once only
+    assert count.check("a", "d4", 2) == -2
+    for d in ("d2", "d3", "d4"):
+        count.end("a", d, 3)
+    assert count.check("a", "d5", 4) == 0
+
+
+def test_inflight_end_of_an_unknown_document_still_rearms_the_reset() -> None:
+    count = InflightCount(reset_interval=10)
+    count.check("a", "d1", 0)
+    assert count.end("a", "nobody", 8) is False
+    assert count.check("a", "d2", 17) == -1  # 9 s after the end, not 17 s after the publish
+
+
+def test_inflight_documents_of_an_expired_list_are_not_counted_again() -> None:
+    count = InflightCount(reset_interval=10)
+    count.check("a", "old", 0)
+    assert count.check("a", "new", 11) == 0  # the list expired: a new spell
+    assert count.end("a", "old", 12) is False
+    assert count.check("a", "newer", 13) == -1  # "new" is still in flight
+
+
+# -- the same sequence through the real stores ---------------------------------------------
+
+
+class DrivenClock:
+    """fakeredis's clock, moved by the test."""
+
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def time(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def driven_fakeredis(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[redis.Redis, DrivenClock]]:
+    clock = DrivenClock()
+    # fakeredis stamps every command with time.time() read in this module.
+    monkeypatch.setattr(fake_socket, "time", types.SimpleNamespace(time=clock.time))
+    yield fakeredis.FakeRedis(), clock
+
+
+# Times on a 1/8 s grid and a 0.5 s interval are exact in binary, so gaps that land
+# exactly on the interval are compared exactly (Redis keeps a key while now <= expiry).
+GRID = 0.125
+INTERVAL = 0.5
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_seed_count_matches_the_redis_counter_on_a_driven_clock(
+    driven_fakeredis: tuple[redis.Redis, DrivenClock], seed: int
+) -> None:
+    client, clock = driven_fakeredis
+    steps = sequence(seed, ticks=600, per_tick=3, pause=0.5)
+    counter = Counter(client, f"sim-{seed}:", reset_interval=INTERVAL)
+    start = clock.now
+
+    def now(tick: int) -> float:
+        clock.now = start + tick * GRID
+        return tick * GRID
+
+    replay_seed(steps, counter, SeedCount(INTERVAL), now)
+    resets = sum(1 for a, b in pairwise(steps) if (b[0] - a[0]) * GRID > INTERVAL)
+    assert resets > 10, "the sequence must cross the reset interval often to test it"
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_inflight_count_matches_the_redis_list_on_a_driven_clock(
+    driven_fakeredis: tuple[redis.Redis, DrivenClock], seed: int
+) -> None:
+    client, clock = driven_fakeredis
+    steps = sequence(seed, ticks=600, per_tick=3, pause=0.5)
+    counter = InflightCounter(client, f"sim-{seed}:", reset_interval=INTERVAL)
+    start = clock.now
+
+    def now(tick: int) -> float:
+        clock.now = start + tick * GRID
+        return tick * GRID
+
+    replay_inflight(steps, counter, InflightCount(INTERVAL), now)
+
+
+@pytest.fixture(params=["fakeredis", pytest.param("redis", marks=pytest.mark.integration)])
+def store(request: pytest.FixtureRequest) -> redis.Redis:
+    return request.getfixturevalue("fake_redis" if request.param == "fakeredis" else "real_redis")
+
+
+# Real sleeps: ticks 0.2 s apart and a 0.5 s interval, so an idle gap is 0.4 s or 0.6 s,
+# 100 ms clear of the interval on either side.
+TICK = 0.2
+REAL_INTERVAL = 0.5
+
+
+def sleeping_clock() -> Callable[[int], float]:
+    start = time.time()
+
+    def now(tick: int) -> float:
+        delay = start + tick * TICK - time.time()
+        if delay > 0:
+            time.sleep(delay)
+        return time.time()
+
+    return now
+
+
+def test_seed_count_matches_the_redis_counter_in_real_time(store: redis.Redis, key_prefix: str) -> None:
+    steps = sequence(11, ticks=16, per_tick=3, pause=0.35)
+    replay_seed(steps, Counter(store, key_prefix, REAL_INTERVAL), SeedCount(REAL_INTERVAL), sleeping_clock())
+
+
+def test_inflight_count_matches_the_redis_list_in_real_time(store: redis.Redis, key_prefix: str) -> None:
+    steps = sequence(12, ticks=16, per_tick=3, pause=0.35)
+    replay_inflight(
+        steps,
+        InflightCounter(store, key_prefix, REAL_INTERVAL),
+        InflightCount(REAL_INTERVAL),
+        sleeping_clock(),
+    )
