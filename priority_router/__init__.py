@@ -8,6 +8,7 @@ from .errors import ConfigurationError, CounterUnavailable, PriorityRouterError
 from .integration.brokers import Transport, from_wire, to_wire
 from .policy import DOCBITS_THRESHOLDS, Policy, Threshold
 from .router import PriorityRouter
+from .tiers import Tier
 
 __version__ = "0.1.0"
 
@@ -22,6 +23,7 @@ __all__ = [
     "Reason",
     "RouterConfig",
     "Threshold",
+    "Tier",
     "Transport",
     "__version__",
     "from_wire",

@@ -73,6 +73,9 @@ class RouterConfig:
     #: Seconds after which a waiting document is served before fresher ones, oldest first,
     #: whatever its priority (anti-starvation; Redis broker only).  None turns it off.
     max_wait: float | None = None
+    #: Read each client's tier (``priority-router tier set``) inside its check, and the
+    #: default tier every few seconds.  False sends the bare check and ignores tiers.
+    tiers: bool = True
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -128,7 +131,7 @@ class RouterConfig:
             raise ConfigurationError(
                 "metrics_port", f"{port!r} is not a TCP port", "use 1..65535 (0 picks a free one), or None"
             )
-        for name in ("flower_kwargsrepr", "metrics", "dry_run"):
+        for name in ("flower_kwargsrepr", "metrics", "dry_run", "tiers"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigurationError(name, f"{getattr(self, name)!r} is not a bool", "use True or False")
 

@@ -28,3 +28,6 @@ class Decision:
     pending: int | None
     priority: int
     reason: Reason = Reason.COUNTED
+    #: The tier that adjusted the priority (``"client: weight=2"``, ``"default: fixed=9"``),
+    #: None when the threshold table alone decided.
+    tier: str | None = None

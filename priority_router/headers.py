@@ -16,3 +16,6 @@ DRY_RUN = "priority_router_dry_run"
 #: Present (True) on a document counted in ``mode="inflight"`` (a retry copies it): the
 #: worker ends it when it finishes.
 INFLIGHT = "priority_router_inflight"
+#: The tier that adjusted the priority, as ``"client: weight=2 shift=-1"`` or
+#: ``"default: fixed=9"``; absent when the threshold table alone decided.
+TIER = "priority_router_tier"

@@ -27,6 +27,8 @@ from .store.connection import make_client
 from .store.counter import Counter, CounterState
 from .store.inflight import InflightCounter
 from .store.keys import normalize_client_id
+from .store.tier_store import TierStore
+from .tiers import Tier, decode
 
 logger = logging.getLogger("priority_router")
 
@@ -83,12 +85,15 @@ class PriorityRouter:
             redis_client = make_client(config.redis_url, config.connect_timeout, config.socket_timeout)
         self.redis = redis_client
         self.counter = Counter(redis_client, config.key_prefix, config.reset_interval)
-        #: The in-flight sets (``mode="inflight"``), else None.
+        #: The in-flight lists (``mode="inflight"``), else None.
         self.inflight = (
             InflightCounter(redis_client, config.key_prefix, config.reset_interval)
             if config.mode == "inflight"
             else None
         )
+        #: Per-client tiers and the default tier (``tiers.py``).
+        self.tier_store = TierStore(redis_client, config.key_prefix)
+        self._bad_tiers: set[str] = set()
         #: The store the mode counts in: what ``peek``, ``state``, ``reset`` and the CLI read.
         self.store: Counter | InflightCounter = self.inflight or self.counter
         self.policy = config.thresholds
@@ -120,13 +125,18 @@ class PriorityRouter:
         ``client_id`` cannot be a client id (None, empty, a container).
         """
         client = self._client(client_id)
-        if self.inflight is not None:
-            with _store_errors("count", client):
-                pending = self.inflight.check(client, _task_id(task_id))
-        else:
-            with _store_errors("count", client):
-                pending = self.counter.check(client)
-        return Decision(client, pending, self.policy.priority_for(pending))
+        with _store_errors("count", client):
+            tiered = self._tiered()
+            if self.inflight is not None:
+                if tiered:
+                    pending, stored = self.inflight.check_and_tier(client, _task_id(task_id))
+                else:
+                    pending, stored = self.inflight.check(client, _task_id(task_id)), None
+            elif tiered:
+                pending, stored = self.counter.check_and_tier(client)
+            else:
+                pending, stored = self.counter.check(client), None
+        return self._decision(client, pending, stored, tiered)
 
     def end(self, client_id: object, task_id: str) -> bool:
         """``mode="inflight"``: document ``task_id`` of ``client_id`` is finished; True when
@@ -149,9 +159,9 @@ class PriorityRouter:
         count = _batch_size(n)
         self._no_inflight_batch()
         with _store_errors("count", client):
-            pendings = self.counter.check_many(client, count)
-        priority_for = self.policy.priority_for
-        return [Decision(client, p, priority_for(p)) for p in pendings]
+            tiered = self._tiered()
+            pendings, stored = self.counter.check_many_and_tier(client, count, tiered)
+        return [self._decision(client, p, stored, tiered) for p in pendings]
 
     @contextlib.contextmanager
     def batch(self, client_id: object, n: int) -> Iterator[Batch]:
@@ -180,7 +190,12 @@ class PriorityRouter:
     def peek(self, client_id: object) -> Decision:
         """The client's current pending count and priority, without counting."""
         state = self.state(client_id)
-        return Decision(state.client_id, state.pending, self.policy.priority_for(state.pending))
+        stored = None
+        with _store_errors("read the tier of", state.client_id):
+            tiered = self._tiered()
+            if tiered:
+                stored = self.redis.get(self.tier_store.key(state.client_id))
+        return self._decision(state.client_id, state.pending, stored, tiered)
 
     def reset(self, client_id: object) -> bool:
         """Forget one client's count (its next document is checked at 0); True if it had one."""
@@ -202,10 +217,17 @@ class PriorityRouter:
         metrics = self.metrics
         started = time.perf_counter() if metrics is not None else 0.0
         try:
+            tiered = self._tiered()
             if self.inflight is None:
-                pending = self.counter.check(client_id)
+                if tiered:
+                    pending, stored = self.counter.check_and_tier(client_id)
+                else:
+                    pending, stored = self.counter.check(client_id), None
             elif isinstance(task_id, str) and task_id:
-                pending = self.inflight.check(client_id, task_id)
+                if tiered:
+                    pending, stored = self.inflight.check_and_tier(client_id, task_id)
+                else:
+                    pending, stored = self.inflight.check(client_id, task_id), None
             else:  # nothing to end it by: not counted (Celery always gives an id)
                 return self._fail_open(client_id)
         except Exception as exc:
@@ -214,7 +236,9 @@ class PriorityRouter:
         if metrics is not None:
             metrics.counter_seconds.observe(time.perf_counter() - started)
         self._breaker.success()
-        return Decision(client_id, pending, self.policy.priority_for(pending))
+        if not tiered:
+            return Decision(client_id, pending, self.policy.priority_for(pending))
+        return self._decision(client_id, pending, stored, tiered)
 
     def decide_many(self, client_id: str, n: int) -> list[Decision]:
         """Like :meth:`record_many`, but never raises (see :meth:`decide`)."""
@@ -222,19 +246,111 @@ class PriorityRouter:
         if n == 0 or not self._breaker.allow():
             return fail_open
         try:
-            pendings = self.counter.check_many(client_id, n)
+            tiered = self._tiered()
+            pendings, stored = self.counter.check_many_and_tier(client_id, n, tiered)
         except Exception as exc:
             self._breaker.failure(exc)
             return fail_open
         self._breaker.success()
-        priority_for = self.policy.priority_for
-        return [Decision(client_id, p, priority_for(p)) for p in pendings]
+        return [self._decision(client_id, p, stored, tiered) for p in pendings]
 
     def state(self, client_id: object) -> CounterState:
         """What the counter store holds for one client (count and time to its reset)."""
         client = self._client(client_id)
         with _store_errors("read", client):
             return self.store.read(client)
+
+    # -- tiers ------------------------------------------------------------------------
+
+    def set_tier(
+        self, client_id: object, *, weight: float = 1.0, shift: int = 0, fixed: int | None = None
+    ) -> Tier:
+        """Give ``client_id`` a tier of its own (``tiers.py``), in effect from its next
+        publish on every publisher; a neutral tier exempts it from the default tier.
+        Raises :class:`ConfigurationError` for bad values, before anything is stored."""
+        client = self._client(client_id)
+        tier = Tier(weight, shift, fixed)
+        with _store_errors("set the tier of", client):
+            self.tier_store.set(client, tier)
+        return tier
+
+    def unset_tier(self, client_id: object) -> bool:
+        """Remove the client's own tier (the default tier applies again); True if it had one."""
+        client = self._client(client_id)
+        with _store_errors("unset the tier of", client):
+            return self.tier_store.unset(client)
+
+    def tier(self, client_id: object) -> Tier | None:
+        """The client's own tier, None when it has none."""
+        client = self._client(client_id)
+        with _store_errors("read the tier of", client):
+            return self.tier_store.get(client)
+
+    def tiers(self) -> dict[str, Tier]:
+        """Every client with a tier of its own (read with SCAN, in batches).  A tier stored
+        in a form this version cannot read raises :class:`ConfigurationError` naming it."""
+        found: dict[str, Tier] = {}
+        with _store_errors("list the tiers of", "every client"):
+            for client, tier in self.tier_store.scan():
+                if isinstance(tier, ConfigurationError):
+                    raise ConfigurationError(f"the tier of {client!r}", tier.problem, tier.fix)
+                found[client] = tier
+        return found
+
+    def set_default_tier(self, *, weight: float = 1.0, shift: int = 0, fixed: int | None = None) -> Tier:
+        """The tier of every client without one of its own; publishers pick a change up
+        within a few seconds (``store/tier_store.py``)."""
+        tier = Tier(weight, shift, fixed)
+        with _store_errors("set the default tier for", "every client"):
+            self.tier_store.set_default(tier)
+        return tier
+
+    def unset_default_tier(self) -> bool:
+        with _store_errors("unset the default tier for", "every client"):
+            return self.tier_store.unset_default()
+
+    def default_tier(self) -> Tier | None:
+        with _store_errors("read the default tier for", "every client"):
+            return self.tier_store.get_default()
+
+    def _tiered(self) -> bool:
+        """Whether checks read tiers: on unless ``tiers=False``, once any tier is stored
+        (``store/tier_store.py``); may read the store, at most every few seconds."""
+        return self.config.tiers and self.tier_store.in_use()
+
+    def _decision(self, client_id: str, pending: int, stored: object, tiered: bool) -> Decision:
+        """The decision for a counted document, with the tier its check read, else the
+        default tier, adjusting the table's priority."""
+        if not tiered:
+            return Decision(client_id, pending, self.policy.priority_for(pending))
+        if stored is None:
+            tier = self.tier_store.default()
+            if tier is None:
+                return Decision(client_id, pending, self.policy.priority_for(pending))
+            source = "default"
+        else:
+            try:
+                tier = decode(stored if isinstance(stored, bytes | str) else str(stored))
+            except ConfigurationError as exc:
+                self._warn_bad_tier(client_id, exc)
+                return Decision(client_id, pending, self.policy.priority_for(pending))
+            source = "client"
+        return Decision(
+            client_id, pending, tier.priority(pending, self.policy), tier=f"{source}: {tier.describe()}"
+        )
+
+    def _warn_bad_tier(self, client_id: str, exc: ConfigurationError) -> None:
+        if client_id in self._bad_tiers or len(self._bad_tiers) > 1000:
+            return
+        self._bad_tiers.add(client_id)
+        logger.error(
+            "priority-router: the tier of client %r at %s is unreadable (%s); its documents "
+            "get the threshold table's priority. Fix: %s",
+            client_id,
+            self.tier_store.key(client_id),
+            exc.problem,
+            exc.fix,
+        )
 
     def _fail_open(self, client_id: str) -> Decision:
         return Decision(client_id, None, self.config.default_priority, Reason.FAIL_OPEN)

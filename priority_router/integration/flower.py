@@ -25,6 +25,7 @@ CLIENT_KEY = "priority_router_client"
 PRIORITY_KEY = "priority_router_priority"
 PENDING_KEY = "priority_router_pending"
 DRY_RUN_KEY = "priority_router_dry_run"
+TIER_KEY = "priority_router_tier"
 #: Longer ids are shown cut (headers must stay small; see celery_hook.MAX_HEADER_ID).
 MAX_SHOWN_ID = 200
 
@@ -38,6 +39,8 @@ def annotate_kwargsrepr(kwargsrepr: str, decision: Decision, dry_run: bool = Fal
         f"{CLIENT_KEY!r}: {client!r}, {PRIORITY_KEY!r}: {decision.priority!r}, "
         f"{PENDING_KEY!r}: {decision.pending!r}"
     )
+    if decision.tier is not None:
+        extra += f", {TIER_KEY!r}: {decision.tier!r}"
     if dry_run:
         extra += f", {DRY_RUN_KEY!r}: True"
     text = kwargsrepr.strip()

@@ -197,6 +197,8 @@ class PublishReceiver:
         headers[H.PRIORITY] = decision.priority
         headers[H.PENDING] = decision.pending
         headers[H.PUBLISHED_AT] = time.time()
+        if decision.tier is not None:
+            headers[H.TIER] = decision.tier
         if self._inflight and decision.pending is not None and decision.reason is not Reason.INHERITED:
             headers[H.INFLIGHT] = True  # counted in the in-flight set: the worker ends it
         if self._annotate and isinstance(headers.get("kwargsrepr"), str):

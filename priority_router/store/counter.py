@@ -12,14 +12,17 @@ publishers on many hosts lose no update, and no key is ever left without expiry.
 Two native commands in a transaction serve about 1.3x the checks/s of the
 equivalent Lua script (``bench/counter_throughput.py``); on the client the
 transaction is sent pre-packed (``packed.py``), one round trip.  A batch of ``n``
-documents is one check with ``INCRBY key n``.
+documents is one check with ``INCRBY key n``.  Once tiers are in use, the same
+transaction also reads the client's tier (``GET``; its key shares the client's hash tag).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import redis
 
-from .keys import client_id_from_key, client_key
+from .keys import TIER_SUFFIX, client_id_from_key, client_key
 from .keyspace import ClientKeys, CounterState, Layout
 from .packed import PackedCheck, pipelined_add, supports
 
@@ -40,21 +43,39 @@ class Counter(ClientKeys):
 
     def __init__(self, client: redis.Redis, prefix: str, reset_interval: float) -> None:
         super().__init__(client, prefix, reset_interval, SEED)
-        self._add = (
-            PackedCheck(client, self._interval_ms).add
-            if supports(client)
-            else pipelined_add(client, self._interval_ms)
+        packs = supports(client)
+        ms = self._interval_ms
+        self._add = PackedCheck(client, ms).add if packs else pipelined_add(client, ms)
+        self._add_tier = (
+            PackedCheck(client, ms, _tier_of_counter).add
+            if packs
+            else pipelined_add(client, ms, _tier_of_counter)
         )
 
     def check(self, client_id: str) -> int:
         """One counted submission (docs/scheme.md, "One check"); returns the new pending count."""
-        return 1 - self._add(client_key(self._prefix, client_id), 1)
+        return 1 - self._add(client_key(self._prefix, client_id), 1)[0]
+
+    def check_and_tier(self, client_id: str) -> tuple[int, Any]:
+        """:meth:`check`, and the client's stored tier read in the same transaction (None
+        when it has none)."""
+        submitted, tier = self._add_tier(client_key(self._prefix, client_id), 1)
+        return 1 - submitted, tier
 
     def check_many(self, client_id: str, n: int) -> list[int]:
         """``n`` counted submissions in one round trip: the pending count each would have
         got from ``n`` sequential checks, in order."""
+        return self.check_many_and_tier(client_id, n, tier=False)[0]
+
+    def check_many_and_tier(self, client_id: str, n: int, tier: bool = True) -> tuple[list[int], Any]:
+        """:meth:`check_many`, and the client's stored tier read in the same transaction."""
         if n < 1:
-            return []
-        submitted = self._add(client_key(self._prefix, client_id), n)
+            return [], None
+        add = self._add_tier if tier else self._add
+        submitted, stored = add(client_key(self._prefix, client_id), n)
         first = submitted - n + 1
-        return [1 - s for s in range(first, submitted + 1)]
+        return [1 - s for s in range(first, submitted + 1)], stored
+
+
+def _tier_of_counter(key: str) -> str:
+    return key + TIER_SUFFIX

@@ -21,6 +21,8 @@ checked at 0, as in the seed mode), and ``pending = 0`` when the list is gone.
   among the first looked at; newer documents that finish before a deep backlog of older
   ones pay for the backlog, and an end that finds nothing reads the whole list
   (``bench/inflight_end.py``).
+- Once tiers are in use, the publish's transaction also reads the client's tier (``GET``;
+  its key shares the client's hash tag).
 - The TTL stays the idle reset, as a safety net for ends lost to crashes: every publish
   and every end re-arms it, so a list is dropped only after ``reset_interval`` seconds
   without either.
@@ -36,10 +38,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from hashlib import blake2b as _blake2b
+from typing import Any
 
 import redis
 
-from .keys import INFLIGHT_SUFFIX, client_id_from_inflight_key, inflight_key
+from .keys import INFLIGHT_SUFFIX, TIER_SUFFIX, client_id_from_inflight_key, inflight_key
 from .keyspace import ClientKeys, Layout
 from .packed import CACHE_SIZE, EXEC, MULTI, bulk, command, supports, transact
 
@@ -69,14 +72,22 @@ class InflightCounter(ClientKeys):
     def __init__(self, client: redis.Redis, prefix: str, reset_interval: float) -> None:
         super().__init__(client, prefix, reset_interval, INFLIGHT)
         self._expiry = str(self._interval_ms).encode()
-        #: Per key: the packed bytes before and after the member.
-        self._packed: dict[str, tuple[bytes, bytes]] = {}
+        #: Per key and with/without the tier's GET: the packed bytes before and after the member.
+        self._packed: dict[tuple[str, bool], tuple[bytes, bytes]] = {}
         self._packs = supports(client)
-        self._add: Callable[[str, bytes], int] = self._packed_add if self._packs else self._pipelined_add
+        self._add: Callable[[str, bytes, bool], tuple[int, Any]] = (
+            self._packed_add if self._packs else self._pipelined_add
+        )
 
     def check(self, client_id: str, task_id: str) -> int:
         """One counted publish of document ``task_id``; returns the new pending count."""
-        return 1 - self._add(inflight_key(self._prefix, client_id), member(task_id))
+        return 1 - self._add(inflight_key(self._prefix, client_id), member(task_id), False)[0]
+
+    def check_and_tier(self, client_id: str, task_id: str) -> tuple[int, Any]:
+        """:meth:`check`, and the client's stored tier read in the same transaction (None
+        when it has none)."""
+        length, tier = self._add(inflight_key(self._prefix, client_id), member(task_id), True)
+        return 1 - length, tier
 
     def end(self, client_id: str, task_id: str) -> bool:
         """The end of document ``task_id``; True when this call ended it (at most once)."""
@@ -95,24 +106,34 @@ class InflightCounter(ClientKeys):
 
     # -- the publish's round trip -------------------------------------------------------
 
-    def _packed_add(self, key: str, m: bytes) -> int:
-        parts = self._packed.get(key)
+    def _packed_add(self, key: str, m: bytes, tier: bool) -> tuple[int, Any]:
+        parts = self._packed.get((key, tier))
         if parts is None:
-            parts = self._pack(key)
-        return int(transact(self._redis.connection_pool, parts[0] + bulk(m) + parts[1], 2)[0])
+            parts = self._pack(key, tier)
+        replies = transact(self._redis.connection_pool, parts[0] + bulk(m) + parts[1], 3 if tier else 2)
+        return int(replies[0]), replies[2] if tier else None
 
-    def _pack(self, key: str) -> tuple[bytes, bytes]:
+    def _pack(self, key: str, tier: bool = False) -> tuple[bytes, bytes]:
         raw = key.encode()
         head = MULTI + b"*3\r\n$5\r\nLPUSH\r\n" + bulk(raw)
-        tail = command(b"PEXPIRE", raw, self._expiry) + EXEC
+        tail = command(b"PEXPIRE", raw, self._expiry)
+        if tier:
+            tail += command(b"GET", _tier_of_list(key).encode())
+        tail += EXEC
         if len(self._packed) >= CACHE_SIZE:
             self._packed.clear()
-        self._packed[key] = (head, tail)
+        self._packed[key, tier] = (head, tail)
         return head, tail
 
-    def _pipelined_add(self, key: str, m: bytes) -> int:
+    def _pipelined_add(self, key: str, m: bytes, tier: bool) -> tuple[int, Any]:
         with self._redis.pipeline(transaction=True) as pipe:
             pipe.lpush(key, m)
             pipe.pexpire(key, self._interval_ms)
-            length, _ = pipe.execute()
-        return int(length)
+            if tier:
+                pipe.get(_tier_of_list(key))
+            replies = pipe.execute()
+        return int(replies[0]), replies[2] if tier else None
+
+
+def _tier_of_list(key: str) -> str:
+    return key[: -len(INFLIGHT_SUFFIX)] + TIER_SUFFIX

@@ -86,3 +86,30 @@ def client_id_from_inflight_key(prefix: str, key: str) -> str | None:
     if not key.endswith("}" + INFLIGHT_SUFFIX):
         return None
     return client_id_from_key(prefix, key[: -len(INFLIGHT_SUFFIX)])
+
+
+#: Ends the key of one client's tier (``tiers.py``).  It shares the client's hash tag, so on
+#: Redis Cluster it lives on the client's master and is read inside the client's check.
+TIER_SUFFIX = ":t"
+
+
+def tier_key(prefix: str, client_id: str) -> str:
+    """The Redis key of one client's tier."""
+    return f"{prefix}{{{client_token(client_id)}}}{TIER_SUFFIX}"
+
+
+def client_id_from_tier_key(prefix: str, key: str) -> str | None:
+    """Inverse of :func:`tier_key` for display."""
+    if not key.endswith("}" + TIER_SUFFIX):
+        return None
+    return client_id_from_key(prefix, key[: -len(TIER_SUFFIX)])
+
+
+def default_tier_key(prefix: str) -> str:
+    """The Redis key of the tier of every client without one of its own."""
+    return f"{prefix}tier-default"
+
+
+def tiers_in_use_key(prefix: str) -> str:
+    """The Redis key whose presence says some tier has been stored under ``prefix``."""
+    return f"{prefix}tiers-in-use"

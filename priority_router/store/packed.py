@@ -70,31 +70,37 @@ def transact(pool: redis.ConnectionPool, packed: bytes, queued: int) -> list[Any
 
 
 class PackedCheck:
-    """``add(key, n)``: the key's new value after ``INCRBY n`` with its expiry re-armed."""
+    """``add(key, n)``: the key's new value after ``INCRBY n`` with its expiry re-armed, and
+    with ``read_key`` given, what ``GET read_key(key)`` answered in the same transaction."""
 
-    def __init__(self, client: redis.Redis, interval_ms: int) -> None:
+    def __init__(
+        self, client: redis.Redis, interval_ms: int, read_key: Callable[[str], str] | None = None
+    ) -> None:
         self._client = client
         self._pool = client.connection_pool
         self._expiry = str(interval_ms).encode()
+        self._read_key = read_key
+        self._queued = 2 if read_key is None else 3
         #: One document's check per key, the hot path's only shape.
         self._packed: dict[str, bytes] = {}
 
-    def add(self, key: str, n: int = 1) -> int:
+    def add(self, key: str, n: int = 1) -> tuple[int, Any]:
         packed = self._packed.get(key) if n == 1 else None
         if packed is None:
             packed = self._pack(key, n)
-        return int(transact(self._pool, packed, 2)[0])
+        replies = transact(self._pool, packed, self._queued)
+        return int(replies[0]), replies[2] if self._read_key is not None else None
 
     def _pack(self, key: str, n: int) -> bytes:
         raw = key.encode()
-        packed = b"".join(
-            (
-                MULTI,
-                command(b"INCR", raw) if n == 1 else command(b"INCRBY", raw, str(n).encode()),
-                command(b"PEXPIRE", raw, self._expiry),
-                EXEC,
-            )
-        )
+        parts = [
+            MULTI,
+            command(b"INCR", raw) if n == 1 else command(b"INCRBY", raw, str(n).encode()),
+            command(b"PEXPIRE", raw, self._expiry),
+        ]
+        if self._read_key is not None:
+            parts.append(command(b"GET", self._read_key(key).encode()))
+        packed = b"".join((*parts, EXEC))
         if n == 1:
             if len(self._packed) >= CACHE_SIZE:
                 self._packed.clear()
@@ -102,15 +108,19 @@ class PackedCheck:
         return packed
 
 
-def pipelined_add(client: redis.Redis, interval_ms: int) -> Callable[[str, int], int]:
+def pipelined_add(
+    client: redis.Redis, interval_ms: int, read_key: Callable[[str], str] | None = None
+) -> Callable[[str, int], tuple[int, Any]]:
     """The same transaction through redis-py's pipeline, for clients :class:`PackedCheck`
-    cannot drive (Redis Cluster runs it on the key's slot)."""
+    cannot drive (Redis Cluster runs it on the key's slot: ``read_key`` must share it)."""
 
-    def add(key: str, n: int = 1) -> int:
+    def add(key: str, n: int = 1) -> tuple[int, Any]:
         with client.pipeline(transaction=True) as pipe:
             pipe.incrby(key, n)
             pipe.pexpire(key, interval_ms)
-            value, _ = pipe.execute()
-        return int(value)
+            if read_key is not None:
+                pipe.get(read_key(key))
+            replies = pipe.execute()
+        return int(replies[0]), replies[2] if read_key is not None else None
 
     return add

@@ -69,7 +69,8 @@ def test_a_publish_is_the_seed_checks_shape(
     client: redis.Redis, key_prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """One round trip of MULTI, one counting command, PEXPIRE, EXEC: what a seed check sends,
-    so publishing in this mode costs what it costs in the seed mode."""
+    so publishing in this mode costs what it costs in the seed mode; the same with the
+    tier's GET once tiers are in use."""
     inflight = make(client, key_prefix)
     seed = PriorityRouter(redis_client=client, key_prefix=key_prefix)
     inflight.record("warm", "w")
@@ -86,6 +87,13 @@ def test_a_publish_is_the_seed_checks_shape(
     assert len(sent) == 2, "one round trip each"
     assert commands(sent[0]) == [b"MULTI", b"LPUSH", b"PEXPIRE", b"EXEC"]
     assert commands(sent[1]) == [b"MULTI", b"INCR", b"PEXPIRE", b"EXEC"]
+    inflight.set_tier("someone", shift=1)
+    seed.set_tier("someone", shift=1)
+    sent.clear()
+    inflight.record("acme", "doc-2")
+    seed.record("acme")
+    assert commands(sent[0]) == [b"MULTI", b"LPUSH", b"PEXPIRE", b"GET", b"EXEC"]
+    assert commands(sent[1]) == [b"MULTI", b"INCR", b"PEXPIRE", b"GET", b"EXEC"]
 
 
 def test_every_list_has_the_idle_reset(client: redis.Redis, key_prefix: str) -> None:

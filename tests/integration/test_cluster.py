@@ -133,6 +133,26 @@ def test_counts_follow_the_scheme(router: PriorityRouter) -> None:
     assert router.record("acme").pending == 0
 
 
+def test_tiers_are_read_in_the_check_on_every_master(
+    redis_cluster: LocalCluster, router: PriorityRouter
+) -> None:
+    clients = [f"tiered-{i}" for i in range(30)]
+    for client in clients:
+        router.set_tier(client, fixed=7)
+    router.set_default_tier(shift=1)
+    assert masters_of(redis_cluster, router, clients) == {m.port for m in redis_cluster.masters()}
+    for client in clients:
+        # The tier key shares the client's slot, so the check's transaction reads it.
+        assert router.record(client).priority == 7
+        with redis_cluster.master_of_key(router.counter.key(client)).client() as master:
+            assert master.exists(router.tier_store.key(client)) == 1
+    assert router.record("untiered").tier == "default: shift=1"
+    prefix = router.config.key_prefix
+    inflight = PriorityRouter(redis_url=redis_cluster.url, key_prefix=prefix, mode="inflight")
+    assert inflight.record(clients[0], "t1").priority == 7
+    assert set(router.tiers()) == set(clients)
+
+
 def test_each_count_lives_on_its_master_and_expires_with_the_reset(
     redis_cluster: LocalCluster, router: PriorityRouter
 ) -> None:

@@ -87,3 +87,39 @@ def test_task_always_eager_runs_tasks_in_process(worker_env: dict[str, str]) -> 
         assert result.get()["document_id"] == "e1"
     finally:
         close_app(app)
+
+
+def test_a_tier_set_at_run_time_changes_the_wire_priority_and_is_named(
+    producer: Callable[[], Celery], worker_env: dict[str, str]
+) -> None:
+    app = producer()
+    operator = PriorityRouter.from_env(worker_env)
+    operator.set_tier("vip", fixed=1)
+    operator.set_tier("abuser", fixed=9)
+    for n in range(3):
+        app.send_task("workers.process_document", ("vip", f"v{n}", 1), headers={"client_id": "vip"})
+    app.send_task("workers.process_document", ("abuser", "a", 1), headers={"client_id": "abuser"})
+    app.send_task("workers.process_document", ("plain", "p", 1), headers={"client_id": "plain"})
+    operator.unset_tier("abuser")
+    app.send_task("workers.process_document", ("abuser", "b", 1), headers={"client_id": "abuser"})
+
+    transport = transport_of(app)
+    seen = [
+        (
+            m.headers.get("client_id"),
+            from_wire(m.properties["priority"], transport),
+            m.headers.get(H.TIER),
+        )
+        for m in drain(app, worker_env["DOCUMENT_QUEUE"])
+    ]
+    assert sorted(seen, key=str) == sorted(
+        [
+            ("vip", 1, "client: fixed=1"),
+            ("vip", 1, "client: fixed=1"),
+            ("vip", 1, "client: fixed=1"),
+            ("abuser", 9, "client: fixed=9"),
+            ("plain", 1, None),
+            ("abuser", 1, None),
+        ],
+        key=str,
+    )

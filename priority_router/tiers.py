@@ -1,0 +1,129 @@
+"""Per-client tiers: how one client's count turns into a priority, set at run time.
+
+A tier adjusts the threshold table for one client (or, as the default tier, for every
+client without one of its own):
+
+- ``weight``: each document counts ``1/weight``; the pending count is divided by the
+  weight (rounded toward 0) before the table is read, so a weight-2 client drops a level
+  half as fast;
+- ``shift``: the table's priority moved by whole levels, kept within 1..9 (``-1``: one
+  level more urgent, a paid tier);
+- ``fixed``: one priority for every document, whatever the count (an internal client
+  always at 1, an abusive one at 9); weight and shift then do nothing and are refused.
+
+Tiers live in the counter store, so operators change them without a deploy
+(``priority-router tier set``); a client's tier is read inside its publish's own check
+(``store/counter.py``, ``store/inflight.py``), in the same round trip.  The stored form is
+short text, ``w=2;s=-1`` or ``f=1``, parsed once per distinct value.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+from .errors import ConfigurationError
+from .policy import LEAST_URGENT, MOST_URGENT, Policy, check_priority
+
+#: Largest weight accepted: beyond it a client would never leave priority 1 in practice.
+MAX_WEIGHT = 1000.0
+#: Largest shift either way: 8 moves any level to any other.
+MAX_SHIFT = LEAST_URGENT - MOST_URGENT
+
+
+@dataclass(frozen=True, slots=True)
+class Tier:
+    """How one client's count becomes its priority; validated on creation."""
+
+    weight: float = 1.0
+    shift: int = 0
+    fixed: int | None = None
+
+    def __post_init__(self) -> None:
+        weight = self.weight
+        if isinstance(weight, bool) or not isinstance(weight, int | float) or not math.isfinite(weight):
+            raise ConfigurationError("tier weight", f"{weight!r} is not a number", "use e.g. 2 or 0.5")
+        if not 0 < weight <= MAX_WEIGHT:
+            raise ConfigurationError(
+                "tier weight",
+                f"{weight!r} is not above 0 and at most {MAX_WEIGHT:g}",
+                "use a positive number: 2 drops a level half as fast, 0.5 twice as fast",
+            )
+        object.__setattr__(self, "weight", float(weight))
+        shift = self.shift
+        if isinstance(shift, bool) or not isinstance(shift, int) or abs(shift) > MAX_SHIFT:
+            raise ConfigurationError(
+                "tier shift",
+                f"{shift!r} is not a whole number of levels from -{MAX_SHIFT} to {MAX_SHIFT}",
+                "use e.g. -1 for one level more urgent, 1 for one level less",
+            )
+        if self.fixed is not None:
+            check_priority("tier fixed", self.fixed)
+            if self.weight != 1.0 or self.shift != 0:
+                raise ConfigurationError(
+                    "tier",
+                    f"fixed={self.fixed} gives every document priority {self.fixed}, so "
+                    f"weight={self.weight:g} and shift={self.shift} would do nothing",
+                    "give either fixed, or weight and/or shift",
+                )
+
+    def priority(self, pending: int, policy: Policy) -> int:
+        """The logical priority for ``pending`` under ``policy`` with this tier."""
+        if self.fixed is not None:
+            return self.fixed
+        if self.weight != 1.0:
+            pending = int(pending / self.weight)  # toward 0: a partial document does not count
+        level = policy.priority_for(pending) + self.shift
+        return MOST_URGENT if level < MOST_URGENT else LEAST_URGENT if level > LEAST_URGENT else level
+
+    def encode(self) -> str:
+        """The stored form: ``w=2;s=-1``, ``f=1``; ``""`` for the neutral tier."""
+        if self.fixed is not None:
+            return f"f={self.fixed}"
+        parts = []
+        if self.weight != 1.0:
+            parts.append(f"w={self.weight:g}")
+        if self.shift:
+            parts.append(f"s={self.shift}")
+        return ";".join(parts)
+
+    def describe(self) -> str:
+        """For people, headers and logs: ``weight=2 shift=-1``, ``fixed=1``, ``neutral``."""
+        return (
+            self.encode()
+            .replace("w=", "weight=")
+            .replace("s=", "shift=")
+            .replace("f=", "fixed=")
+            .replace(";", " ")
+            or "neutral"
+        )
+
+    def as_dict(self) -> dict[str, float | int | None]:
+        return {"weight": self.weight, "shift": self.shift, "fixed": self.fixed}
+
+
+@lru_cache(maxsize=1024)
+def decode(stored: bytes | str) -> Tier:
+    """A stored tier back; ConfigurationError when it is not one (written by hand)."""
+    text = stored.decode("ascii", "replace") if isinstance(stored, bytes) else stored
+    values: dict[str, str] = {}
+    for part in filter(None, text.split(";")):
+        name, _, value = part.partition("=")
+        if name not in ("w", "s", "f") or not value or name in values:
+            raise ConfigurationError(
+                "tier", f"stored value {text!r} is not a tier", "set it again with `priority-router tier set`"
+            )
+        values[name] = value
+    try:
+        return Tier(
+            weight=float(values.get("w", 1.0)),
+            shift=int(values.get("s", 0)),
+            fixed=int(values["f"]) if "f" in values else None,
+        )
+    except ValueError as exc:
+        if isinstance(exc, ConfigurationError):
+            raise
+        raise ConfigurationError(
+            "tier", f"stored value {text!r} is not a tier", "set it again with `priority-router tier set`"
+        ) from None
