@@ -3,6 +3,7 @@
     priority-router status [--json]
     priority-router inspect CLIENT [--json]
     priority-router reset CLIENT --yes | --all --yes
+    priority-router tier set CLIENT [--weight W] [--shift S] [--fixed P] | tier unset CLIENT | tier list
     priority-router queues -A workers.app [--json]
     priority-router doctor -A workers.app [--json]
     priority-router demo
@@ -22,6 +23,7 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from ..config import MODES, RouterConfig
@@ -29,6 +31,7 @@ from ..errors import ConfigurationError, CounterUnavailable, PriorityRouterError
 from ..redact import redact_url
 from ..router import PriorityRouter, installed_router
 from ..store.counter import CounterState
+from ..tiers import Tier
 
 console = Console()
 
@@ -259,7 +262,7 @@ def _seconds(value: float | None) -> str:
 @router_app_option
 @click.pass_context
 def inspect(ctx: click.Context, client: str, as_json: bool, app_name: str | None) -> None:
-    """One client's pending count and priority (read-only)."""
+    """One client's pending count, priority and tier (read-only)."""
     router = _router(ctx, app_name)
     try:
         state = router.state(client)
@@ -270,13 +273,51 @@ def inspect(ctx: click.Context, client: str, as_json: bool, app_name: str | None
     row = _row(router, state)
     row["tracked"] = state.ttl_ms is not None
     row["key"] = state.key
+    try:
+        row["tier"], applied = _tier_in_effect(router, state.client_id)
+    except CounterUnavailable as exc:
+        _fail(str(exc))
+    # The priority its next document gets is the tier's; the table's stays beside it.
+    row["table_priority"] = row["priority"]
+    if applied is not None and router.config.tiers:
+        row["priority"] = applied.priority(state.pending, router.policy)
     if as_json:
         _emit_json(row)
         return
     table = Table(show_header=False)
     for key, value in row.items():
-        table.add_row(key, "-" if value is None else str(value))
+        table.add_row(escape(key), "-" if value is None else escape(str(value)))
     console.print(table)
+    if row["tier"] is not None and not router.config.tiers:
+        console.print(TIERS_OFF_NOTE)
+
+
+#: Said wherever a tier is shown for a router configured without tiers.
+TIERS_OFF_NOTE = "This router has tiers=False: its publishers ignore every tier."
+
+
+def _tier_in_effect(router: PriorityRouter, client_id: str) -> tuple[str | None, Tier | None]:
+    """The tier the router applies to ``client_id``, written as ``Decision.tier`` and the
+    ``priority_router_tier`` header write it (``client: weight=2``, ``default: fixed=9``),
+    and the tier; (None, None) when the threshold table alone decides.  A tier stored in a
+    form this version cannot read is named with its fix (the router then uses the table).
+    Raises CounterUnavailable."""
+    try:
+        own = router.tier(client_id)
+    except ConfigurationError as exc:
+        return f"client: invalid ({exc.problem}; the threshold table applies. Fix: {exc.fix})", None
+    if own is not None:
+        return f"client: {own.describe()}", own
+    try:
+        default = router.default_tier()
+    except ConfigurationError as exc:
+        return (
+            f"default: invalid ({exc.problem}; publishers keep the default they last read. Fix: {exc.fix})",
+            None,
+        )
+    if default is None:
+        return None, None
+    return f"default: {default.describe()}", default
 
 
 @main.command()
@@ -440,3 +481,7 @@ def _repository() -> Path:
 from .simulate import simulate  # noqa: E402
 
 main.add_command(simulate)
+
+# tier_cli.py uses this module's helpers, all defined by now; its group joins ``main``
+# itself, so importing either module first works.
+from . import tier_cli  # noqa: E402, F401

@@ -1,0 +1,241 @@
+"""``priority-router tier``: per-client tiers (``tiers.py``), changed at run time.
+
+    priority-router tier set acme --weight 2 --shift -1
+    priority-router tier set --default --fixed 9
+    priority-router tier set internal --neutral        # exempt from the default tier
+    priority-router tier unset acme | tier unset --default
+    priority-router tier list [--json]
+
+The store options and ``-A app`` work as for ``status``.  ``cli.py`` imports this module
+last, and the group joins ``main`` here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+from rich.markup import escape
+from rich.table import Table
+
+from ..errors import ConfigurationError, CounterUnavailable
+from ..redact import redact_url
+from ..router import PriorityRouter
+from ..store.keys import normalize_client_id
+from ..store.tier_store import DEFAULT_TIER_REFRESH
+from ..tiers import Tier
+from .cli import (
+    TIERS_OFF_NOTE,
+    _emit_json,
+    _fail,
+    _router,
+    console,
+    json_option,
+    main,
+    router_app_option,
+    store_options,
+)
+
+#: Printed after every change: a publisher built with ``tiers=False`` never reads a tier.
+IGNORED_NOTE = "Publishers with tiers=False ignore tiers."
+
+
+@main.group()
+def tier() -> None:
+    """Per-client tiers: a weight, a shift or a fixed priority, changed without a deploy.
+
+    \b
+    --weight W  each document counts 1/W (2: the client drops a level half as fast)
+    --shift S   the table's priority moved by S levels, kept within 1..9 (-1: more urgent)
+    --fixed P   priority P for every document, whatever the count
+
+    The default tier applies to every client without a tier of its own.
+    """
+
+
+def _target(client: str | None, default: bool) -> None:
+    if default == (client is not None):
+        _fail("name one CLIENT, or pass --default for the default tier (not both)", 2)
+
+
+@tier.command("set")
+@store_options
+@click.argument("client", required=False)
+@click.option("--default", is_flag=True, help="Set the default tier: every client without one of its own.")
+@click.option(
+    "--weight", type=float, help="Each document counts 1/W: 2 drops a level half as fast, 0.5 twice."
+)
+@click.option(
+    "--shift", type=int, help="Move the priority by whole levels (-1: one more urgent), within 1..9."
+)
+@click.option("--fixed", type=int, help="One priority, 1..9, for every document whatever the count.")
+@click.option(
+    "--neutral", is_flag=True, help="A tier that changes nothing: exempts CLIENT from the default tier."
+)
+@router_app_option
+@click.pass_context
+def set_tier(
+    ctx: click.Context,
+    client: str | None,
+    default: bool,
+    weight: float | None,
+    shift: int | None,
+    fixed: int | None,
+    neutral: bool,
+    app_name: str | None,
+) -> None:
+    """Give CLIENT a tier of its own (or set the default tier with --default).
+
+    A new tier replaces the client's whole tier: options not given are back to neutral.
+    """
+    _target(client, default)
+    given = weight is not None or shift is not None or fixed is not None
+    if neutral and given:
+        _fail("--neutral stores a tier that changes nothing; give it alone, or drop it", 2)
+    if not neutral and not given:
+        _fail(
+            "give --weight, --shift and/or --fixed (or --neutral to exempt CLIENT from the default tier)", 2
+        )
+    if neutral and default:
+        _fail(
+            "a neutral default tier changes nothing; to remove the default tier, run "
+            "`priority-router tier unset --default`",
+            2,
+        )
+    try:
+        chosen = Tier(1.0 if weight is None else weight, 0 if shift is None else shift, fixed)
+    except ConfigurationError as exc:
+        _fail(str(exc), 2)
+    router = _router(ctx, app_name)
+    try:
+        if client is None:
+            before = _default_text(router)
+            router.set_default_tier(weight=chosen.weight, shift=chosen.shift, fixed=chosen.fixed)
+        else:
+            before = _own_text(router, client)
+            router.set_tier(client, weight=chosen.weight, shift=chosen.shift, fixed=chosen.fixed)
+    except CounterUnavailable as exc:
+        _fail(str(exc))
+    except ValueError as exc:  # not a client id
+        _fail(str(exc), 2)
+    click.echo(f"{'default' if client is None else _shown_id(client)}: {chosen.describe()} (was: {before})")
+    if client is None:
+        click.echo(
+            "It applies to every client without a tier of its own; publishers read it again within "
+            f"{DEFAULT_TIER_REFRESH:g} s. {IGNORED_NOTE}"
+        )
+    else:
+        click.echo(
+            "In effect from the client's next publish (a deployment's first tier: within "
+            f"{DEFAULT_TIER_REFRESH:g} s). {IGNORED_NOTE}"
+        )
+    if not router.config.tiers:
+        click.echo(TIERS_OFF_NOTE)
+
+
+@tier.command()
+@store_options
+@click.argument("client", required=False)
+@click.option("--default", is_flag=True, help="Remove the default tier.")
+@router_app_option
+@click.pass_context
+def unset(ctx: click.Context, client: str | None, default: bool, app_name: str | None) -> None:
+    """Remove CLIENT's own tier (the default tier applies again), or the default tier."""
+    _target(client, default)
+    router = _router(ctx, app_name)
+    try:
+        if client is None:
+            had = router.unset_default_tier()
+            message = (
+                "default tier removed: clients without a tier of their own get the threshold table "
+                f"(publishers read it again within {DEFAULT_TIER_REFRESH:g} s)"
+                if had
+                else "no default tier was set; nothing removed"
+            )
+        elif router.unset_tier(client):
+            now = _default_text(router)
+            applies = "the threshold table applies" if now == "none" else f"the default tier applies ({now})"
+            message = f"{_shown_id(client)}: tier removed; {applies}"
+        else:
+            message = f"{_shown_id(client)} had no tier of its own; nothing removed"
+    except CounterUnavailable as exc:
+        _fail(str(exc))
+    except ValueError as exc:  # not a client id
+        _fail(str(exc), 2)
+    click.echo(message)
+
+
+@tier.command("list")
+@store_options
+@json_option
+@router_app_option
+@click.pass_context
+def list_tiers(ctx: click.Context, as_json: bool, app_name: str | None) -> None:
+    """Every client with a tier of its own, sorted, and the default tier."""
+    router = _router(ctx, app_name)
+    try:
+        rows = sorted(
+            ({"client_id": client, **_tier_row(found)} for client, found in router.tier_store.scan()),
+            key=lambda r: str(r["client_id"]),
+        )
+        try:
+            stored_default: Tier | ConfigurationError | None = router.tier_store.get_default()
+        except ConfigurationError as exc:
+            stored_default = exc
+    except Exception as exc:
+        _fail(f"cannot read {redact_url(router.config.redis_url)}: {exc}")
+    default_row = None if stored_default is None else _tier_row(stored_default)
+    if as_json:
+        _emit_json({"clients": rows, "default": default_row})
+        return
+    # A heading of its own: a title would wrap to the width of this narrow table.
+    console.print(f"priority-router tiers at {escape(redact_url(router.config.redis_url))}")
+    table = Table()
+    table.add_column("client", overflow="fold")
+    table.add_column("tier", overflow="fold")
+    for r in rows:
+        table.add_row(escape(str(r["client_id"])), escape(_shown(r)))
+    console.print(table)
+    invalid = sum(1 for r in rows if r["error"] is not None)
+    console.print(
+        f"{len(rows)} client(s) with a tier of their own" + (f", {invalid} invalid" if invalid else "")
+    )
+    if default_row is None:
+        console.print("No default tier: clients without a tier of their own get the threshold table.")
+    else:
+        console.print(f"Default tier, for every other client: {escape(_shown(default_row))}")
+    if not router.config.tiers:
+        console.print(TIERS_OFF_NOTE)
+
+
+def _tier_row(found: Tier | ConfigurationError) -> dict[str, Any]:
+    """A tier as ``list --json`` shows it; an unreadable one with its problem and fix."""
+    if isinstance(found, ConfigurationError):
+        return {"tier": None, "weight": None, "shift": None, "fixed": None, "error": str(found)}
+    return {"tier": found.describe(), **found.as_dict(), "error": None}
+
+
+def _shown_id(client: str) -> str:
+    """The client id as the router keys it (surrounding spaces are not part of an id)."""
+    return normalize_client_id(client) or client
+
+
+def _shown(row: dict[str, Any]) -> str:
+    return f"invalid: {row['error']}" if row["error"] is not None else str(row["tier"])
+
+
+def _own_text(router: PriorityRouter, client: str) -> str:
+    """The client's own tier for a message: ``weight=2``, ``none``, ``unreadable``."""
+    try:
+        own = router.tier(client)
+    except ConfigurationError:  # stored in a form this version cannot read
+        return "unreadable"
+    return "none" if own is None else own.describe()
+
+
+def _default_text(router: PriorityRouter) -> str:
+    try:
+        found = router.default_tier()
+    except ConfigurationError:
+        return "unreadable"
+    return "none" if found is None else found.describe()
