@@ -3,6 +3,7 @@
     priority-router simulate trace.csv --workers 16
     priority-router simulate --workload noisy-neighbour --workers 8 --max-wait 1 --plot waits.png
     priority-router simulate trace.csv --policies fifo,seed,drr --json
+    priority-router simulate trace.csv --tier importer=weight=4 --tier partner=shift=-1 --default-tier shift=1
 
 The router's settings come from the options, else from ``PRIORITY_ROUTER_*`` variables
 (and the group's ``--reset-interval``), as the other commands read them.
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.markup import escape
 
 from ..config import RouterConfig
 from ..errors import ConfigurationError
@@ -30,8 +32,10 @@ from ..simulation.report import (
     policy_table,
     summary_table,
 )
+from ..simulation.tiers import Tiers, TierSpecError, load_tiers_csv, parse_client_tier, parse_tier
 from ..simulation.trace import Trace, TraceError, load_csv
 from ..simulation.workloads import DEFAULT_SEED, WORKLOADS
+from ..tiers import Tier
 
 THRESHOLDS_HELP = (
     "The threshold table as LIMIT:PRIORITY rows, lowest limit first, priority applying when "
@@ -40,6 +44,13 @@ THRESHOLDS_HELP = (
     + ",".join(f"{r.below}:{r.priority}" for r in DOCBITS_THRESHOLDS.thresholds)
 )
 BOUNDED = tuple(p for p in POLICIES if p.endswith("+max_wait"))
+#: The policies tiers apply to: the router's; fifo and drr have no priorities.
+TIERED = tuple(p for p in POLICIES if p.startswith(("seed", "inflight")))
+TIER_HELP = (
+    "A client's tier for the router's policies, as `priority-router tier set` stores it: "
+    "CLIENT=weight=W,shift=S or CLIENT=fixed=P, or CLIENT=neutral (exempt from --default-tier). "
+    "Repeatable; wins over --tiers."
+)
 
 
 def parse_thresholds(text: str) -> Policy:
@@ -94,6 +105,42 @@ def _policies(ctx: click.Context, param: click.Parameter, value: str | None) -> 
     return names
 
 
+def _client_tiers(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> dict[str, Tier]:
+    found: dict[str, Tier] = {}
+    for text in value:
+        try:
+            client, tier = parse_client_tier(text)
+        except TierSpecError as exc:
+            raise click.BadParameter(str(exc), ctx, param) from None
+        if client in found:
+            raise click.BadParameter(f"{client!r} is given twice; give each client one --tier", ctx, param)
+        found[client] = tier
+    return found
+
+
+def _default_tier(ctx: click.Context, param: click.Parameter, value: str | None) -> Tier | None:
+    if value is None:
+        return None
+    try:
+        tier = parse_tier(value)
+    except TierSpecError as exc:
+        raise click.BadParameter(str(exc), ctx, param) from None
+    if tier == Tier():
+        raise click.BadParameter(
+            "a neutral default tier changes nothing; leave --default-tier out", ctx, param
+        )
+    return tier
+
+
+def _tiers_file(ctx: click.Context, param: click.Parameter, value: Path | None) -> dict[str, Tier]:
+    if value is None:
+        return {}
+    try:
+        return load_tiers_csv(value)
+    except TierSpecError as exc:
+        raise click.BadParameter(str(exc), ctx, param) from None
+
+
 @click.command()
 @click.argument("trace", required=False, type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option(
@@ -128,6 +175,24 @@ def _policies(ctx: click.Context, param: click.Parameter, value: str | None) -> 
 )
 @click.option("--quantum", type=float, help="DRR quantum in seconds [the trace's longest document].")
 @click.option(
+    "--tier", "client_tiers", multiple=True, callback=_client_tiers, metavar="CLIENT=TIER", help=TIER_HELP
+)
+@click.option(
+    "--default-tier",
+    callback=_default_tier,
+    metavar="TIER",
+    help="The tier of every client without one of its own, e.g. shift=1 or fixed=9 "
+    "(`priority-router tier set --default`).",
+)
+@click.option(
+    "--tiers",
+    "tiers_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    callback=_tiers_file,
+    metavar="FILE.csv",
+    help="Clients' tiers from a CSV file client_id,weight,shift,fixed (an empty cell: not set).",
+)
+@click.option(
     "--overhead",
     type=click.FloatRange(min=0),
     default=0.0,
@@ -157,6 +222,9 @@ def simulate(
     max_wait: float | None,
     policies: tuple[str, ...] | None,
     quantum: float | None,
+    client_tiers: dict[str, Tier],
+    default_tier: Tier | None,
+    tiers_file: dict[str, Tier],
     overhead: float,
     as_json_flag: bool,
     plot_path: Path | None,
@@ -166,8 +234,8 @@ def simulate(
 
     Simulates FIFO (plain Celery), the router's seed and inflight modes (each also with
     --max-wait) and deficit round robin over clients (the ideal no broker offers) with the
-    router's own threshold table, and shows each client's p50/p95/max wait, the makespan
-    and Jain's index of the clients' slowdowns.  No broker, no Redis.
+    router's own threshold table and tiers, and shows each client's p50/p95/max wait, the
+    makespan and Jain's index of the clients' slowdowns.  No broker, no Redis.
     """
     if (trace is None) == (workload is None):
         raise click.UsageError("give a TRACE file or --workload NAME (one of them)")
@@ -181,6 +249,12 @@ def simulate(
         )
     config = _config(ctx, reset_interval, max_wait, thresholds)
     chosen = _chosen(policies, config)
+    tiers = Tiers({**tiers_file, **client_tiers}, default_tier)
+    if tiers and not config.tiers:
+        raise click.UsageError(
+            "PRIORITY_ROUTER_TIERS turns tiers off, as it does in the router; unset it to simulate "
+            "--tier, --default-tier or --tiers"
+        )
     if plot_path is not None:
         try:
             check_plot(plot_path)
@@ -192,6 +266,8 @@ def simulate(
     console = Console(stderr=as_json_flag)
     if not as_json_flag and policies is None and config.max_wait is None:
         console.print(f"[dim]{' and '.join(BOUNDED)} need --max-wait SECONDS: left out[/]")
+    if tiers:
+        _tier_notes(console, tiers, loaded, chosen)
     with console.status("simulating") as status:
         outcomes = compare(
             loaded,
@@ -201,6 +277,7 @@ def simulate(
             quantum,
             progress=lambda name: status.update(f"simulating {name}"),
             overhead=overhead,
+            tiers=tiers or None,
         )
     if plot_path is not None:
         plot(outcomes, loaded, plot_path, f"{source}: {workers} workers")
@@ -212,6 +289,7 @@ def simulate(
         + ("" if config.max_wait is None else f", max_wait {config.max_wait:g} s")
         + ("" if thresholds is None else ", custom thresholds")
         + ("" if not overhead else f", overhead {overhead * 1000:g} ms per document")
+        + ("" if not tiers else f", {tiers.summary()}")
     )
     size = f"{len(loaded)} documents, {len(loaded.clients)} clients, {workers} workers"
     console.print(summary_table(outcomes, f"{source}: {size}; {settings}"))
@@ -220,6 +298,23 @@ def simulate(
         console.print(policy_table(outcome, loaded, clients))
     if plot_path is not None:
         console.print(f"Chart: {plot_path}")
+
+
+def _tier_notes(console: Console, tiers: Tiers, loaded: Trace, chosen: tuple[str, ...]) -> None:
+    """Warn about tiers that change nothing: for clients not in the trace, or policies without priorities."""
+    missing = tiers.missing(loaded.clients)
+    if missing:
+        shown = ", ".join(repr(c) for c in missing[:5]) + (
+            f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        )
+        hint = " (the default tier is --default-tier TIER)" if "default" in missing else ""
+        console.print(
+            f"[yellow]tiers for client(s) not in the trace change nothing: {escape(shown)}{hint}[/]"
+        )
+    ignoring = [p for p in chosen if p not in TIERED]
+    if ignoring:
+        verb = "ignores" if len(ignoring) == 1 else "ignore"
+        console.print(f"[dim]{' and '.join(ignoring)} {verb} tiers (no priorities)[/]")
 
 
 def _config(

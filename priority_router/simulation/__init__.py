@@ -2,8 +2,8 @@
 
 A discrete-event simulation (``engine``) of ``workers`` slots taking documents from one
 queue discipline (``policies``): plain Celery's FIFO, the router's seed and inflight
-modes with and without ``max_wait`` (the router's own threshold table and sweep rule;
-``counters`` restates the Redis reset), and deficit round robin over clients as the
+modes with and without ``max_wait`` (the router's own threshold table, tiers and sweep
+rule; ``counters`` restates the Redis reset), and deficit round robin over clients as the
 ideal reference.  ``docs/simulate.md`` describes the model and its assumptions.
 """
 
@@ -13,6 +13,7 @@ from .compare import compare
 from .engine import Schedule, run
 from .metrics import ClientWaits, Outcome, jain, p95, slowdown, summarize
 from .policies import POLICIES, DeficitRoundRobin, Fifo, RouterQueue, build
+from .tiers import Tiers, TierSpecError, load_tiers_csv, parse_client_tier, parse_tier
 from .trace import Trace, TraceBuilder, TraceError, load_csv
 from .workloads import WORKLOADS, HeavyMix, NoisyNeighbour, SteadyBurst
 
@@ -28,6 +29,8 @@ __all__ = [
     "RouterQueue",
     "Schedule",
     "SteadyBurst",
+    "TierSpecError",
+    "Tiers",
     "Trace",
     "TraceBuilder",
     "TraceError",
@@ -35,7 +38,10 @@ __all__ = [
     "compare",
     "jain",
     "load_csv",
+    "load_tiers_csv",
     "p95",
+    "parse_client_tier",
+    "parse_tier",
     "run",
     "slowdown",
     "summarize",

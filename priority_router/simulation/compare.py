@@ -8,6 +8,7 @@ from ..config import RouterConfig
 from .engine import run
 from .metrics import Outcome, summarize
 from .policies import build
+from .tiers import Tiers
 from .trace import Trace
 
 #: Called as ``progress(policy)`` before each policy runs.
@@ -22,14 +23,16 @@ def compare(
     quantum: float | None = None,
     progress: Progress | None = None,
     overhead: float = 0.0,
+    tiers: Tiers | None = None,
 ) -> dict[str, Outcome]:
     """Each policy's outcome on ``trace`` with ``workers`` slots and ``config``'s thresholds,
     reset interval and max_wait (``quantum``: the DRR quantum, default the longest document;
-    ``overhead``: seconds between a slot taking a document and starting it)."""
+    ``overhead``: seconds between a slot taking a document and starting it; ``tiers``: the
+    clients' tiers, for the router's policies)."""
     outcomes = {}
     for name in policies:
         if progress is not None:
             progress(name)
-        schedule = run(trace, build(name, config, quantum), workers, overhead)
+        schedule = run(trace, build(name, config, quantum, tiers), workers, overhead)
         outcomes[name] = summarize(name, trace, schedule)
     return outcomes

@@ -13,6 +13,9 @@
 - ``drr``: deficit round robin over clients with document seconds as the cost, the ideal
   no broker offers: each client with waiting documents gets ``quantum`` seconds of work
   per round.
+
+Tiers (``tiers.py``) adjust the router's priorities (seed and inflight, with or without
+max_wait); ``fifo`` and ``drr`` have no priorities and ignore them.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from ..config import RouterConfig
 from ..integration.starvation import BATCH, MAX_CALLS, sweep_interval
 from ..policy import LEAST_URGENT, Policy
 from .counters import InflightCount, SeedCount
+from .tiers import Tiers
 from .trace import Trace
 
 #: Every policy ``simulate`` knows, in the order it reports them.
@@ -34,7 +38,8 @@ POLICIES = ("fifo", "seed", "seed+max_wait", "inflight", "inflight+max_wait", "d
 SWEEP_LIMIT = BATCH * MAX_CALLS
 
 #: ``prioritize(client_id, pending)`` -> logical priority 1..9.  The router's is its
-#: threshold table's ``priority_for(pending)``; a per-client adjustment (tiers) goes here.
+#: threshold table's ``priority_for(pending)``; with tiers, ``Tiers.prioritize`` (the
+#: client's tier, else the default tier, else the table).
 Prioritize = Callable[[str, int], int]
 
 
@@ -232,9 +237,11 @@ class DeficitRoundRobin:
         return None
 
 
-def build(name: str, config: RouterConfig, quantum: float | None = None) -> Discipline:
+def build(
+    name: str, config: RouterConfig, quantum: float | None = None, tiers: Tiers | None = None
+) -> Discipline:
     """The discipline called ``name`` (one of :data:`POLICIES`) with ``config``'s
-    thresholds, reset interval and max_wait."""
+    thresholds, reset interval and max_wait, and ``tiers`` for the router's policies."""
     if name == "fifo":
         return Fifo()
     if name == "drr":
@@ -244,4 +251,10 @@ def build(name: str, config: RouterConfig, quantum: float | None = None) -> Disc
         raise ValueError(f"{name!r} is not a policy; use one of {', '.join(POLICIES)}")
     if bounded and config.max_wait is None:
         raise ValueError(f"{name} needs a max_wait; set max_wait in the configuration")
-    return RouterQueue(mode, config.thresholds, config.reset_interval, config.max_wait if bounded else None)
+    return RouterQueue(
+        mode,
+        config.thresholds,
+        config.reset_interval,
+        config.max_wait if bounded else None,
+        None if tiers is None else tiers.prioritize(config.thresholds),
+    )
