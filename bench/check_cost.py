@@ -5,6 +5,8 @@ ways, rounds interleaved in one process (no Celery signal is involved, so an
 in-process comparison is fair), each normalised by a ``PING`` timed in the same round:
 
 - ``packed``: what the router sends (``priority_router/store/packed.py``);
+- ``packed+tier``: the same with the client's tier read in the transaction (``GET``), as
+  the router sends it once a tier is in use;
 - ``pipeline``: ``MULTI INCRBY PEXPIRE EXEC`` through redis-py's ``pipeline()``;
 - ``evalsha``: one Lua script call doing both;
 - ``ping``: the unit.
@@ -53,6 +55,7 @@ def strategies(client: redis.Redis) -> dict[str, Callable[[str], object]]:
     return {
         "ping": lambda _: client.ping(),
         "packed": counter.check,
+        "packed+tier": counter.check_and_tier,
         "pipeline": pipeline,
         "evalsha": lambda c: client.evalsha(sha, 1, client_key(PREFIX, c), interval_ms, 1),
     }

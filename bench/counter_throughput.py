@@ -24,7 +24,8 @@ import hiredis
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from priority_router.store.keys import client_key  # noqa: E402
+from priority_router.store.inflight import member  # noqa: E402
+from priority_router.store.keys import INFLIGHT_SUFFIX, TIER_SUFFIX, client_key  # noqa: E402
 from priority_router.store.packed import command  # noqa: E402
 from workers.local_redis import redis_or_embedded  # noqa: E402
 
@@ -94,6 +95,26 @@ def main() -> None:
                     + command(b"EXEC")
                 ),
                 4,
+            ),
+            "router check with the tier: MULTI INCR PEXPIRE GET EXEC": (
+                lambda k: (
+                    command(b"MULTI")
+                    + command(b"INCR", k)
+                    + command(b"PEXPIRE", k, INTERVAL_MS)
+                    + command(b"GET", k + TIER_SUFFIX.encode())
+                    + command(b"EXEC")
+                ),
+                5,
+            ),
+            "inflight publish with the tier: MULTI LPUSH PEXPIRE GET EXEC": (
+                lambda k: (
+                    command(b"MULTI")
+                    + command(b"LPUSH", k + INFLIGHT_SUFFIX.encode(), member(k.decode()))
+                    + command(b"PEXPIRE", k + INFLIGHT_SUFFIX.encode(), INTERVAL_MS)
+                    + command(b"GET", k + TIER_SUFFIX.encode())
+                    + command(b"EXEC")
+                ),
+                5,
             ),
             "Lua INCR+PEXPIRE (EVALSHA)": (lambda k: command(b"EVALSHA", sha, b"1", k, INTERVAL_MS), 1),
             "INCR; PEXPIRE (no MULTI)": (

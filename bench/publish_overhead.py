@@ -22,7 +22,8 @@ synchronous design that asks Redis once per publish can add.
 With ``--modes seed,inflight`` the blocks of both modes alternate in each process, and the
 ``vs seed`` column divides what the inflight mode adds by what the seed mode adds in the
 block beside it: the comparison issue #13 asks for ("publishing must cost no more than
-in the seed mode").
+in the seed mode").  ``--modes seed,seed:tiers`` measures what reading the client's tier
+in the check costs once a deployment has tiers (until then the check leaves it out).
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+#: A mode's name with this suffix runs it where a tier is stored, so its check reads the tier.
+TIERED = ":tiers"
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 
@@ -61,9 +64,26 @@ def child(redis_url: str, blocks: int, block: int, modes: list[str]) -> dict[str
     }
     plain = create_app({**env, "WORKERS_ROUTER": "off"})
     routed = {
-        mode: create_app({**env, "WORKERS_ROUTER": "on", "PRIORITY_ROUTER_MODE": mode}) for mode in modes
+        mode: create_app(
+            {
+                **env,
+                "WORKERS_ROUTER": "on",
+                "PRIORITY_ROUTER_MODE": mode.removesuffix(TIERED),
+                # A mode with tiers counts under a prefix of its own where a tier is stored.
+                "PRIORITY_ROUTER_KEY_PREFIX": env["PRIORITY_ROUTER_KEY_PREFIX"]
+                + ("t:" if mode.endswith(TIERED) else ""),
+            }
+        )
+        for mode in modes
     }
     ping = redis.Redis.from_url(f"{redis_url}/13")
+    for mode in modes:
+        if mode.endswith(TIERED):
+            from priority_router.router import installed_router
+
+            router = installed_router(routed[mode])
+            assert router is not None
+            router.set_tier("some-other-client", shift=1)  # tiers are in use under this prefix
 
     cpu: dict[str, list[float]] = {}
 
@@ -176,17 +196,21 @@ def main() -> None:
         "--modes",
         "--mode",
         default="seed",
-        help="the router's modes, comma-separated (seed, inflight); blocks of each alternate, "
-        "and every mode after the first is also compared with the first, block beside block",
+        help="the router's modes, comma-separated (seed, inflight, and seed:tiers or inflight:tiers "
+        "for the same where a tier is stored, so each check reads the tier); blocks of each "
+        "alternate, and every mode after the first is also compared with the first, block beside block",
     )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     redis_url = args.redis.rstrip("/")
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    unknown = sorted(set(modes) - {"seed", "inflight"})
+    unknown = sorted(set(modes) - {"seed", "inflight", "seed" + TIERED, "inflight" + TIERED})
     if unknown or not modes or len(set(modes)) != len(modes):
-        parser.error(f"--modes takes distinct modes among seed and inflight, not {args.modes!r}")
+        parser.error(
+            f"--modes takes distinct modes among seed, inflight, seed{TIERED} and inflight{TIERED}, "
+            f"not {args.modes!r}"
+        )
     if args.child:
         print(json.dumps(child(redis_url, args.blocks, args.block, modes)))
         return
