@@ -6,8 +6,10 @@ from collections.abc import Callable
 
 import pytest
 from celery import Celery
+from click.testing import CliRunner, Result
 from support.services import close_app
 
+from priority_router.ops.cli import main
 from workers.app import create_app
 
 pytestmark = pytest.mark.integration
@@ -50,3 +52,22 @@ def producer(worker_env: dict[str, str]) -> Callable[[], Celery]:
         with app.connection_for_write() as conn, contextlib.suppress(Exception):
             conn.default_channel.queue_delete(worker_env["DOCUMENT_QUEUE"])
         close_app(app)
+
+
+@pytest.fixture
+def counter_url(redis_server_url: str) -> str:
+    """The counter store the CLI tests use."""
+    return redis_server_url + "/13"
+
+
+@pytest.fixture
+def cli(counter_url: str, key_prefix: str) -> Callable[..., Result]:
+    """``priority-router --redis-url ... --key-prefix ... ARGS`` in-process, as a user runs it."""
+    runner = CliRunner()
+
+    def run(*args: str, input: str | None = None) -> Result:
+        return runner.invoke(
+            main, ["--redis-url", counter_url, "--key-prefix", key_prefix, *args], input=input
+        )
+
+    return run

@@ -17,23 +17,6 @@ from priority_router.ops.cli import main
 
 
 @pytest.fixture
-def counter_url(redis_server_url: str) -> str:
-    return redis_server_url + "/13"
-
-
-@pytest.fixture
-def cli(counter_url: str, key_prefix: str) -> Callable[..., Result]:
-    runner = CliRunner()
-
-    def run(*args: str, input: str | None = None) -> Result:
-        return runner.invoke(
-            main, ["--redis-url", counter_url, "--key-prefix", key_prefix, *args], input=input
-        )
-
-    return run
-
-
-@pytest.fixture
 def router(counter_url: str, key_prefix: str) -> PriorityRouter:
     router = PriorityRouter(redis_url=counter_url, key_prefix=key_prefix)
     for _ in range(22):

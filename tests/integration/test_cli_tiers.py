@@ -24,21 +24,6 @@ ROW_KEYS = {"client_id", "tier", "weight", "shift", "fixed", "error"}
 
 
 @pytest.fixture
-def counter_url(redis_server_url: str) -> str:
-    return redis_server_url + "/13"
-
-
-@pytest.fixture
-def cli(counter_url: str, key_prefix: str) -> Callable[..., Result]:
-    runner = CliRunner()
-
-    def run(*args: str) -> Result:
-        return runner.invoke(main, ["--redis-url", counter_url, "--key-prefix", key_prefix, *args])
-
-    return run
-
-
-@pytest.fixture
 def router(counter_url: str, key_prefix: str) -> PriorityRouter:
     """A publisher on the same store; it reads the default tier and the in-use marker at
     every check instead of every 5 s, so what the CLI sets applies at once."""
