@@ -301,6 +301,12 @@ class PriorityRouter:
         """The tier of every client without one of its own; publishers pick a change up
         within a few seconds (``store/tier_store.py``)."""
         tier = Tier(weight, shift, fixed)
+        if tier == Tier():
+            raise ConfigurationError(
+                "default tier",
+                "a neutral default tier changes nothing",
+                "give weight, shift or fixed; to remove the default tier, call unset_default_tier()",
+            )
         with _store_errors("set the default tier for", "every client"):
             self.tier_store.set_default(tier)
         return tier

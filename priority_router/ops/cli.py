@@ -277,7 +277,7 @@ def inspect(ctx: click.Context, client: str, as_json: bool, app_name: str | None
         row["tier"], applied = _tier_in_effect(router, state.client_id)
     except CounterUnavailable as exc:
         _fail(str(exc))
-    # The priority its next document gets is the tier's; the table's stays beside it.
+    # What peek() gives: the priority at the current count with the tier; the table's beside it.
     row["table_priority"] = row["priority"]
     if applied is not None and router.config.tiers:
         row["priority"] = applied.priority(state.pending, router.policy)

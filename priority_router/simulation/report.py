@@ -130,6 +130,12 @@ def check_plot(path: Path) -> str:
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
 
+    folder = path.parent
+    if not folder.is_dir():
+        raise PlotUnavailable(
+            f"--plot {str(path)!r}: the folder {str(folder)!r} does not exist; create it, or write "
+            "the chart somewhere that exists"
+        )
     kind = path.suffix.lstrip(".").lower()
     supported = Figure().canvas.get_supported_filetypes()
     if kind not in supported:

@@ -27,7 +27,7 @@ from ..tiers import Tier
 HEADER = ("client_id", "weight", "shift", "fixed")
 #: The words of a tier, as ``tier set`` names its options.
 NAMES = ("weight", "shift", "fixed")
-EXAMPLE = "weight=2,shift=-1 or fixed=9 or neutral"
+EXAMPLE = "weight=2,shift=-1 or fixed=9"
 
 
 class TierSpecError(PriorityRouterError, ValueError):

@@ -211,3 +211,12 @@ def test_stored_form_round_trips() -> None:
     with pytest.raises(ConfigurationError, match="tier set"):
         decode("w=2;w=3")
     assert Tier(fixed=5).priority(-100, DOCBITS_THRESHOLDS) == 5
+
+
+def test_a_neutral_default_tier_is_refused_as_the_cli_refuses_it(
+    client: redis.Redis, key_prefix: str
+) -> None:
+    router = make(client, key_prefix)
+    with pytest.raises(ConfigurationError, match="unset_default_tier"):
+        router.set_default_tier()
+    assert router.default_tier() is None

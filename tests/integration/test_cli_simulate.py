@@ -305,3 +305,13 @@ def test_tiers_off_in_the_environment_refuses_tier_options(cli: Callable[..., Re
     assert result.exit_code == 2
     assert "PRIORITY_ROUTER_TIERS turns tiers off" in result.output
     assert cli("simulate", str(trace), "--json", env={"PRIORITY_ROUTER_TIERS": "false"}).exit_code == 0
+
+
+def test_a_chart_into_a_missing_folder_is_refused_before_simulating(
+    cli: Callable[..., Result], trace: Path, tmp_path: Path
+) -> None:
+    target = tmp_path / "no-such-folder" / "waits.png"
+    result = cli("simulate", str(trace), "--plot", str(target))
+    assert result.exit_code == 2, result.output
+    assert "does not exist" in result.output and "no-such-folder" in result.output
+    assert "Traceback" not in result.output and not target.parent.exists()
