@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from support.simulation import started_of, trace_of
 
 from priority_router import DOCBITS_THRESHOLDS, Policy, RouterConfig
 from priority_router.integration.starvation import sweep_interval
@@ -10,19 +11,8 @@ from priority_router.simulation import policies
 from priority_router.simulation.engine import Schedule, run
 from priority_router.simulation.metrics import summarize
 from priority_router.simulation.policies import POLICIES, DeficitRoundRobin, Fifo, RouterQueue, build
-from priority_router.simulation.trace import Trace, TraceBuilder
+from priority_router.simulation.trace import Trace
 from priority_router.simulation.workloads import HeavyMix, NoisyNeighbour
-
-
-def trace_of(*docs: tuple[float, str, float]) -> Trace:
-    builder = TraceBuilder()
-    for at, client, duration in docs:
-        builder.add(client, client, at, duration)
-    return builder.build()
-
-
-def started_of(schedule: Schedule, docs: Trace, client: str) -> list[float]:
-    return [schedule.started[i] for i, c in enumerate(docs.client) if docs.clients[c] == client]
 
 
 def waits_of(schedule: Schedule, docs: Trace, client: str) -> list[float]:

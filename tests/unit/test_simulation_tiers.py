@@ -7,10 +7,11 @@ from pathlib import Path
 
 import fakeredis
 import pytest
+from support.simulation import started_of, trace_of
 
 from priority_router import DOCBITS_THRESHOLDS, Policy, PriorityRouter, RouterConfig
 from priority_router.simulation.compare import compare
-from priority_router.simulation.engine import Schedule, run
+from priority_router.simulation.engine import run
 from priority_router.simulation.policies import POLICIES, RouterQueue, build
 from priority_router.simulation.tiers import (
     Tiers,
@@ -19,21 +20,9 @@ from priority_router.simulation.tiers import (
     parse_client_tier,
     parse_tier,
 )
-from priority_router.simulation.trace import Trace, TraceBuilder
 from priority_router.tiers import Tier
 
 CUSTOM = Policy.from_rows([(-6, 9), (-3, 5), (0, 3)], fallback=1)
-
-
-def trace_of(*docs: tuple[float, str, float]) -> Trace:
-    builder = TraceBuilder()
-    for at, client, duration in docs:
-        builder.add(client, client, at, duration)
-    return builder.build()
-
-
-def started_of(schedule: Schedule, docs: Trace, client: str) -> list[float]:
-    return [schedule.started[i] for i, c in enumerate(docs.client) if docs.clients[c] == client]
 
 
 @pytest.mark.parametrize("thresholds", [DOCBITS_THRESHOLDS, CUSTOM], ids=["docbits", "custom"])
