@@ -125,17 +125,11 @@ class PriorityRouter:
         ``client_id`` cannot be a client id (None, empty, a container).
         """
         client = self._client(client_id)
+        if self.inflight is not None:
+            task_id = _task_id(task_id)
         with _store_errors("count", client):
             tiered = self._tiered()
-            if self.inflight is not None:
-                if tiered:
-                    pending, stored = self.inflight.check_and_tier(client, _task_id(task_id))
-                else:
-                    pending, stored = self.inflight.check(client, _task_id(task_id)), None
-            elif tiered:
-                pending, stored = self.counter.check_and_tier(client)
-            else:
-                pending, stored = self.counter.check(client), None
+            pending, stored = self._count(client, task_id, tiered)
         return self._decision(client, pending, stored, tiered)
 
     def end(self, client_id: object, task_id: str) -> bool:
@@ -214,30 +208,19 @@ class PriorityRouter:
                 return reserved
         if not self._breaker.allow():
             return self._fail_open(client_id)
+        if self.inflight is not None and not (isinstance(task_id, str) and task_id):
+            return self._fail_open(client_id)  # nothing to end it by (Celery always gives an id)
         metrics = self.metrics
         started = time.perf_counter() if metrics is not None else 0.0
         try:
             tiered = self._tiered()
-            if self.inflight is None:
-                if tiered:
-                    pending, stored = self.counter.check_and_tier(client_id)
-                else:
-                    pending, stored = self.counter.check(client_id), None
-            elif isinstance(task_id, str) and task_id:
-                if tiered:
-                    pending, stored = self.inflight.check_and_tier(client_id, task_id)
-                else:
-                    pending, stored = self.inflight.check(client_id, task_id), None
-            else:  # nothing to end it by: not counted (Celery always gives an id)
-                return self._fail_open(client_id)
+            pending, stored = self._count(client_id, task_id, tiered)
         except Exception as exc:
             self._breaker.failure(exc)
             return self._fail_open(client_id)
         if metrics is not None:
             metrics.counter_seconds.observe(time.perf_counter() - started)
         self._breaker.success()
-        if not tiered:
-            return Decision(client_id, pending, self.policy.priority_for(pending))
         return self._decision(client_id, pending, stored, tiered)
 
     def decide_many(self, client_id: str, n: int) -> list[Decision]:
@@ -318,6 +301,18 @@ class PriorityRouter:
     def default_tier(self) -> Tier | None:
         with _store_errors("read the default tier for", "every client"):
             return self.tier_store.get_default()
+
+    def _count(self, client: str, task_id: str | None, tiered: bool) -> tuple[int, Any]:
+        """One counted document in the mode's store: the pending count, and the client's
+        stored tier when ``tiered`` (read in the same transaction), else None."""
+        if self.inflight is not None:
+            assert task_id is not None
+            if tiered:
+                return self.inflight.check_and_tier(client, task_id)
+            return self.inflight.check(client, task_id), None
+        if tiered:
+            return self.counter.check_and_tier(client)
+        return self.counter.check(client), None
 
     def _tiered(self) -> bool:
         """Whether checks read tiers: on unless ``tiers=False``, once any tier is stored

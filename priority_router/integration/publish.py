@@ -200,7 +200,7 @@ class PublishReceiver:
         if decision.tier is not None:
             headers[H.TIER] = decision.tier
         if self._inflight and decision.pending is not None and decision.reason is not Reason.INHERITED:
-            headers[H.INFLIGHT] = True  # counted in the in-flight set: the worker ends it
+            headers[H.INFLIGHT] = True  # counted in the in-flight list: the worker ends it
         if self._annotate and isinstance(headers.get("kwargsrepr"), str):
             headers["kwargsrepr"] = annotate_kwargsrepr(headers["kwargsrepr"], decision, self.dry_run)
         if self.on_decision is not None:
