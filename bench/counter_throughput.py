@@ -26,11 +26,21 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from priority_router.store.inflight import member  # noqa: E402
 from priority_router.store.keys import INFLIGHT_SUFFIX, TIER_SUFFIX, client_key  # noqa: E402
-from priority_router.store.packed import command  # noqa: E402
+from priority_router.store.packed import EXEC, MULTI, command  # noqa: E402
 from workers.local_redis import redis_or_embedded  # noqa: E402
 
 INTERVAL_MS = b"1500000"
 LUA = "local n = redis.call('INCR', KEYS[1]) redis.call('PEXPIRE', KEYS[1], ARGV[1]) return n"
+
+
+def in_multi(queued: Callable[[bytes], list[bytes]]) -> tuple[Callable[[bytes], bytes], int]:
+    """A variant that sends ``queued(key)`` in one ``MULTI ... EXEC``, and its reply count
+    (``+OK``, one ``+QUEUED`` per command, the ``EXEC`` array)."""
+
+    def encode(k: bytes) -> bytes:
+        return MULTI + b"".join(queued(k)) + EXEC
+
+    return encode, len(queued(b"k")) + 2
 
 
 def rate(
@@ -78,43 +88,25 @@ def main() -> None:
         ]
         variants: dict[str, tuple[Callable[[bytes], bytes], int]] = {
             "INCR (baseline)": (lambda k: command(b"INCR", k), 1),
-            "batch check: MULTI INCRBY PEXPIRE EXEC": (
-                lambda k: (
-                    command(b"MULTI")
-                    + command(b"INCRBY", k, b"1")
-                    + command(b"PEXPIRE", k, INTERVAL_MS)
-                    + command(b"EXEC")
-                ),
-                4,
+            "batch check: MULTI INCRBY PEXPIRE EXEC": in_multi(
+                lambda k: [command(b"INCRBY", k, b"1"), command(b"PEXPIRE", k, INTERVAL_MS)]
             ),
-            "router check: MULTI INCR PEXPIRE EXEC": (
-                lambda k: (
-                    command(b"MULTI")
-                    + command(b"INCR", k)
-                    + command(b"PEXPIRE", k, INTERVAL_MS)
-                    + command(b"EXEC")
-                ),
-                4,
+            "router check: MULTI INCR PEXPIRE EXEC": in_multi(
+                lambda k: [command(b"INCR", k), command(b"PEXPIRE", k, INTERVAL_MS)]
             ),
-            "router check with the tier: MULTI INCR PEXPIRE GET EXEC": (
-                lambda k: (
-                    command(b"MULTI")
-                    + command(b"INCR", k)
-                    + command(b"PEXPIRE", k, INTERVAL_MS)
-                    + command(b"GET", k + TIER_SUFFIX.encode())
-                    + command(b"EXEC")
-                ),
-                5,
+            "router check with the tier: MULTI INCR PEXPIRE GET EXEC": in_multi(
+                lambda k: [
+                    command(b"INCR", k),
+                    command(b"PEXPIRE", k, INTERVAL_MS),
+                    command(b"GET", k + TIER_SUFFIX.encode()),
+                ]
             ),
-            "inflight publish with the tier: MULTI LPUSH PEXPIRE GET EXEC": (
-                lambda k: (
-                    command(b"MULTI")
-                    + command(b"LPUSH", k + INFLIGHT_SUFFIX.encode(), member(k.decode()))
-                    + command(b"PEXPIRE", k + INFLIGHT_SUFFIX.encode(), INTERVAL_MS)
-                    + command(b"GET", k + TIER_SUFFIX.encode())
-                    + command(b"EXEC")
-                ),
-                5,
+            "inflight publish with the tier: MULTI LPUSH PEXPIRE GET EXEC": in_multi(
+                lambda k: [
+                    command(b"LPUSH", k + INFLIGHT_SUFFIX.encode(), member(k.decode())),
+                    command(b"PEXPIRE", k + INFLIGHT_SUFFIX.encode(), INTERVAL_MS),
+                    command(b"GET", k + TIER_SUFFIX.encode()),
+                ]
             ),
             "Lua INCR+PEXPIRE (EVALSHA)": (lambda k: command(b"EVALSHA", sha, b"1", k, INTERVAL_MS), 1),
             "INCR; PEXPIRE (no MULTI)": (
