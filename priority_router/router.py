@@ -188,7 +188,7 @@ class PriorityRouter:
         with _store_errors("read the tier of", state.client_id):
             tiered = self._tiered()
             if tiered:
-                stored = self.redis.get(self.tier_store.key(state.client_id))
+                stored = self.tier_store.stored(state.client_id)
         return self._decision(state.client_id, state.pending, stored, tiered)
 
     def reset(self, client_id: object) -> bool:

@@ -56,9 +56,14 @@ class TierStore:
     def key(self, client_id: str) -> str:
         return tier_key(self._prefix, client_id)
 
+    def stored(self, client_id: str) -> bytes | str | None:
+        """The client's own tier as stored (what a tiered check reads), None when it has none."""
+        stored: bytes | str | None = self._redis.get(self.key(client_id))
+        return stored
+
     def get(self, client_id: str) -> Tier | None:
         """The client's own tier, None when it has none (ConfigurationError: stored badly)."""
-        stored = self._redis.get(self.key(client_id))
+        stored = self.stored(client_id)
         return None if stored is None else decode(stored)
 
     def set(self, client_id: str, tier: Tier) -> None:
