@@ -336,9 +336,7 @@ class PriorityRouter:
                 self._warn_bad_tier(client_id, exc)
                 return Decision(client_id, pending, self.policy.priority_for(pending))
             source = "client"
-        return Decision(
-            client_id, pending, tier.priority(pending, self.policy), tier=f"{source}: {tier.describe()}"
-        )
+        return Decision(client_id, pending, tier.priority(pending, self.policy), tier=tier.applied_as(source))
 
     def _warn_bad_tier(self, client_id: str, exc: ConfigurationError) -> None:
         if client_id in self._bad_tiers or len(self._bad_tiers) > 1000:

@@ -99,6 +99,11 @@ class Tier:
             or "neutral"
         )
 
+    def applied_as(self, source: str) -> str:
+        """How a decision, its ``priority_router_tier`` header and ``inspect`` name this tier
+        applied to a client: ``client: weight=2`` (its own) or ``default: fixed=9``."""
+        return f"{source}: {self.describe()}"
+
     def as_dict(self) -> dict[str, float | int | None]:
         return {"weight": self.weight, "shift": self.shift, "fixed": self.fixed}
 

@@ -307,7 +307,7 @@ def _tier_in_effect(router: PriorityRouter, client_id: str) -> tuple[str | None,
     except ConfigurationError as exc:
         return f"client: invalid ({exc.problem}; the threshold table applies. Fix: {exc.fix})", None
     if own is not None:
-        return f"client: {own.describe()}", own
+        return own.applied_as("client"), own
     try:
         default = router.default_tier()
     except ConfigurationError as exc:
@@ -317,7 +317,7 @@ def _tier_in_effect(router: PriorityRouter, client_id: str) -> tuple[str | None,
         )
     if default is None:
         return None, None
-    return f"default: {default.describe()}", default
+    return default.applied_as("default"), default
 
 
 @main.command()
