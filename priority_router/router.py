@@ -16,8 +16,8 @@ from .batch import Batch, current_batch
 from .config import RouterConfig, celery_name, env_values
 from .decision import Decision, Reason
 from .errors import ConfigurationError, CounterUnavailable
+from .integration.install import configure_apps, router_of
 from .integration.install import install as install_router
-from .integration.install import router_of
 from .integration.install import uninstall as uninstall_router
 from .integration.metrics import RouterMetrics, get_metrics
 from .integration.publish import PublishReceiver
@@ -39,10 +39,12 @@ class PriorityRouter:
     >>> router = PriorityRouter("redis://localhost:6379/0", reset_interval=900)  # doctest: +SKIP
     >>> router.install(app)                                                       # doctest: +SKIP
 
-    Every keyword is a setting of :class:`RouterConfig` (see the README's configuration
-    table); a bad one raises :class:`ConfigurationError` naming it.  Settings given here
-    (or read by :meth:`from_env`) win over the installed app's ``priority_router_*``
-    Celery settings, which win over the defaults.  Nothing connects until the first check.
+    Every keyword is a setting of :class:`RouterConfig` (see the configuration
+    reference); a bad one raises :class:`ConfigurationError` naming it.  A setting comes
+    from, in this order: a keyword here (or ``config``, which gives every setting), a
+    ``PRIORITY_ROUTER_<NAME>`` environment variable (read from ``environ``, else
+    ``os.environ``), the installed app's ``priority_router_<name>`` Celery setting, the
+    default.  Nothing connects until the first check.
     """
 
     def __init__(
@@ -51,9 +53,11 @@ class PriorityRouter:
         *,
         config: RouterConfig | None = None,
         redis_client: redis.Redis | None = None,
+        environ: Mapping[str, str] | None = None,
         **settings: Any,
     ) -> None:
-        given = dict(config.as_dict() if config is not None else {})
+        given = env_values(environ)
+        given.update(config.as_dict() if config is not None else {})
         given.update(settings)
         if redis_url is not None:
             given["redis_url"] = redis_url
@@ -73,10 +77,10 @@ class PriorityRouter:
         redis_client: redis.Redis | None = None,
         **overrides: Any,
     ) -> PriorityRouter:
-        """A router configured from ``PRIORITY_ROUTER_*`` variables; ``overrides`` that are
-        not None win."""
+        """A router configured from ``PRIORITY_ROUTER_*`` variables (``environ``, else
+        ``os.environ``), as the constructor is; ``overrides`` that are not None win."""
         given = {k: v for k, v in overrides.items() if v is not None}
-        return cls(redis_client=redis_client, **{**env_values(environ), **given})
+        return cls(redis_client=redis_client, environ=environ, **given)
 
     def _use(self, config: RouterConfig) -> None:
         self.config = config
@@ -101,6 +105,15 @@ class PriorityRouter:
         self._breaker = CircuitBreaker(
             config.cooldown, f"the priority counter at {redact_url(config.redis_url)}"
         )
+
+    def follow_apps(self) -> PriorityRouter:
+        """Load the configuration of each app this router is installed on that has not
+        loaded it yet, and follow its ``priority_router_*`` settings; returns the router.
+
+        Every counting, reading and tier method does this first, so in a fresh process
+        ``peek`` reads the store the app's settings name, not the default one."""
+        configure_apps(self)
+        return self
 
     def follow(self, celery_settings: Mapping[str, Any]) -> bool:
         """Adopt an app's ``priority_router_*`` settings under the ones given to this router;
@@ -273,6 +286,7 @@ class PriorityRouter:
         """Every client with a tier of its own (read with SCAN, in batches).  A tier stored
         in a form this version cannot read raises :class:`ConfigurationError` naming it."""
         found: dict[str, Tier] = {}
+        self.follow_apps()
         with _store_errors("list the tiers of", "every client"):
             for client, tier in self.tier_store.scan():
                 if isinstance(tier, ConfigurationError):
@@ -290,15 +304,18 @@ class PriorityRouter:
                 "a neutral default tier changes nothing",
                 "give weight, shift or fixed; to remove the default tier, call unset_default_tier()",
             )
+        self.follow_apps()
         with _store_errors("set the default tier for", "every client"):
             self.tier_store.set_default(tier)
         return tier
 
     def unset_default_tier(self) -> bool:
+        self.follow_apps()
         with _store_errors("unset the default tier for", "every client"):
             return self.tier_store.unset_default()
 
     def default_tier(self) -> Tier | None:
+        self.follow_apps()
         with _store_errors("read the default tier for", "every client"):
             return self.tier_store.get_default()
 
@@ -363,8 +380,8 @@ class PriorityRouter:
                 "publish the documents without batch() (each is counted on its own), or use the seed mode",
             )
 
-    @staticmethod
-    def _client(client_id: object) -> str:
+    def _client(self, client_id: object) -> str:
+        self.follow_apps()
         client = normalize_client_id(client_id)
         if client is None:
             raise ValueError(f"{client_id!r} is not a client id: use a non-empty string or a number")

@@ -10,6 +10,7 @@ run nothing is applied and :func:`describe` says what would be (the same list
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -19,6 +20,7 @@ from kombu.transport.redis import PRIORITY_STEPS as KOMBU_PRIORITY_STEPS
 from kombu.transport.redis import Channel as KombuRedisChannel
 
 from .brokers import AMQP_MAX_PRIORITY, Transport
+from .pools import KOMBU_MAX_CONNECTIONS, WorkerPool
 from .rabbitmq import declared_queues, is_quorum, uses_quorum_queues
 
 logger = logging.getLogger("priority_router")
@@ -30,6 +32,12 @@ REDIS_PRIORITY_STEPS = list(range(10))
 COSTS = {
     "worker_prefetch_multiplier": "each worker process reserves more messages ahead, "
     "so urgent documents published later wait behind them",
+    "green_prefetch": "on a gevent or eventlet pool with the Redis broker, a prefetch window "
+    "the running tasks fill stalls the worker for up to 2 s each time it fills (kombu pauses "
+    "its BRPOP and the blocking loop is not woken when a late ack frees a slot); 0 lets the "
+    "pool itself bound what the worker takes",
+    "max_connections": "on a gevent or eventlet pool, acks beyond kombu's connection limit fail "
+    "with MaxConnectionsError (logged CRITICAL) and those documents are delivered and run again",
     "task_acks_late": "a message is acknowledged before it runs, so the worker fetches "
     "(and commits to) the next one early, and a crashed worker loses its document",
     "priority_steps": "logical priorities that share a step are served in arrival order",
@@ -72,6 +80,8 @@ class Change:
 
     @property
     def cost(self) -> str:
+        if self.key == "worker_prefetch_multiplier" and self.wanted == 0:
+            return COSTS["green_prefetch"]
         return COSTS.get(self.key, "priorities may not take full effect")
 
     def shown(self, value: object) -> str:
@@ -104,28 +114,55 @@ def is_explicit(app: Celery, key: str) -> bool:
 # -- what the app lacks -----------------------------------------------------------------
 
 
-def wanted_changes(app: Celery, transport: Transport) -> list[Change]:
-    """Every value priorities need that ``app`` does not have yet (reads, changes nothing)."""
+def wanted_changes(
+    app: Celery,
+    transport: Transport,
+    pool: WorkerPool | None = None,
+    applied: Mapping[str, object] | None = None,
+) -> list[Change]:
+    """Every value priorities need that ``app`` does not have yet (reads, changes nothing).
+
+    ``pool`` is the worker's pool, when known (``pools.py``: green pools on Redis need
+    other values); ``applied`` holds the values the router itself set earlier, which are
+    not the user's choice."""
+    applied = applied or {}
+    green_redis = pool is not None and pool.green and transport is Transport.REDIS
     changes = [
         c
         for c in (
-            _setting(app, "worker_prefetch_multiplier", 1),
-            _setting(app, "task_acks_late", True),
+            _setting(app, "worker_prefetch_multiplier", 0 if green_redis else 1, applied),
+            _setting(app, "task_acks_late", True, applied),
         )
         if c is not None
     ]
     if transport is Transport.REDIS:
         changes += _redis_options(app)
+        if green_redis:
+            assert pool is not None
+            changes += _redis_connections(app, pool, applied)
     elif transport is Transport.AMQP:
         changes += _amqp_queues(app)
     return changes
 
 
-def _setting(app: Celery, key: str, wanted: object) -> Change | None:
+def _setting(app: Celery, key: str, wanted: object, applied: Mapping[str, object]) -> Change | None:
     current = app.conf.get(key)
     if current == wanted:
         return None
-    return Change(Where.SETTING, key, current, wanted, kept=is_explicit(app, key))
+    ours = key in applied and applied[key] == current
+    return Change(Where.SETTING, key, current, wanted, kept=not ours and is_explicit(app, key))
+
+
+def _redis_connections(app: Celery, pool: WorkerPool, applied: Mapping[str, object]) -> list[Change]:
+    options: dict[str, Any] = app.conf.broker_transport_options or {}
+    wanted = pool.redis_connections
+    current = options.get("max_connections")
+    if current is None:
+        return [Change(Where.TRANSPORT_OPTION, "max_connections", KOMBU_MAX_CONNECTIONS, wanted)]
+    ours = applied.get("max_connections") == current
+    if not isinstance(current, int) or current < wanted:
+        return [Change(Where.TRANSPORT_OPTION, "max_connections", current, wanted, kept=not ours)]
+    return []
 
 
 def _redis_options(app: Celery) -> list[Change]:
@@ -172,12 +209,15 @@ def _amqp_queues(app: Celery) -> list[Change]:
 # -- applying them ----------------------------------------------------------------------
 
 
-def apply_changes(app: Celery, changes: list[Change]) -> None:
-    """Merge every change not ``kept`` into ``app`` (applying a list twice is harmless)."""
+def apply_changes(app: Celery, changes: list[Change]) -> dict[str, object]:
+    """Merge every change not ``kept`` into ``app`` (applying a list twice is harmless);
+    returns what was set, by key."""
     options: dict[str, Any] = dict(app.conf.broker_transport_options or {})
+    applied: dict[str, object] = {}
     for change in changes:
         if change.kept:
             continue
+        applied[change.key] = change.wanted
         if change.where is Where.TRANSPORT_OPTION:
             options[change.key] = change.wanted
         elif change.where is Where.QUEUE_ARGUMENT:
@@ -186,6 +226,7 @@ def apply_changes(app: Celery, changes: list[Change]) -> None:
             _set(app, change)
     if options != (app.conf.broker_transport_options or {}):
         app.conf.broker_transport_options = options
+    return applied
 
 
 def _set(app: Celery, change: Change) -> None:

@@ -19,6 +19,9 @@ the header that says so.
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
 from ..decision import Decision
 
 CLIENT_KEY = "priority_router_client"
@@ -26,7 +29,7 @@ PRIORITY_KEY = "priority_router_priority"
 PENDING_KEY = "priority_router_pending"
 DRY_RUN_KEY = "priority_router_dry_run"
 TIER_KEY = "priority_router_tier"
-#: Longer ids are shown cut (headers must stay small; see celery_hook.MAX_HEADER_ID).
+#: Longer ids are shown cut (headers must stay small; see publish.MAX_HEADER_ID).
 MAX_SHOWN_ID = 200
 
 
@@ -53,3 +56,25 @@ def annotate_kwargsrepr(kwargsrepr: str, decision: Decision, dry_run: bool = Fal
         return kwargsrepr
     # A user's own kwargsrepr (say, one that hides secrets) or a truncated one.
     return f"{kwargsrepr} | {{{extra}}}"
+
+
+_SHOWN = re.compile(
+    r"'priority_router_(client|priority|pending|tier)': "
+    r"('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|-?\d+|None)"
+)
+
+
+def format_task(task: Any) -> Any:
+    """Flower's ``format_task`` hook: the decision first in the task's ``kwargs`` text.
+
+    Flower's task list cuts the ``kwargs`` cell at 400 px, where the router's keys come
+    after the task's own arguments.  Name it in ``flowerconfig.py``
+    (``from priority_router.integration.flower import format_task``); it changes only what
+    the pages show, not Flower's search or API."""
+    text = getattr(task, "kwargs", None)
+    if not isinstance(text, str):
+        return task
+    shown = _SHOWN.findall(text)
+    if shown:
+        task.kwargs = " ".join(f"{key}={value}" for key, value in shown) + " | " + text
+    return task

@@ -34,10 +34,12 @@ from celery.signals import before_task_publish, celeryd_init, task_received, wor
 from .. import headers as H
 from ..config import celery_values, unknown_celery_settings
 from ..errors import ConfigurationError
+from ..redact import redact_url
 from .brokers import Transport, transport_of
 from .celery_settings import Change, apply_changes, describe, first_time, wanted_changes, warn_kept
 from .consumers import ConsumerWatch
 from .endings import unwatch_endings, watch_endings
+from .pools import WorkerPool, pool_of_options, pool_of_worker
 from .publish import PublishReceiver
 from .rabbitmq import QUORUM_PRIORITIES, check_worker_queues, quorum_queue_names
 from .sender import publishing_app, unwrap_sender, wrap_sender
@@ -67,6 +69,10 @@ class Installation:
     celery_settings: dict[str, Any] | None = None
     #: The worker's max_wait sweeper (Redis), once the worker is ready.
     sweeper: Sweeper | None = None
+    #: The pool of the worker this app runs in, once a worker starts (``pools.py``).
+    pool: WorkerPool | None = None
+    #: The values the router set in the app's configuration, by key: not the user's choice.
+    applied: dict[str, object] = field(default_factory=dict)
 
 
 #: Where an app keeps its installation: read on every publish, so a plain attribute
@@ -151,6 +157,23 @@ def uninstall(router: PriorityRouter, app: Celery) -> bool:
         return True
 
 
+def configure_apps(router: PriorityRouter) -> None:
+    """Have every app ``router`` is installed on load its configuration, if it has not yet:
+    loading it settles the router on the app's ``priority_router_*`` settings (Django's
+    ``CELERY_PRIORITY_ROUTER_*`` ones too), so a count, a read or a CLI command uses the
+    same store as the app's publishes."""
+    for app in list(_apps):
+        installation = _installation(app)
+        if installation is not None and installation.router is router and not app.configured:
+            app.conf.get("broker_url")  # the first read loads it; on_after_configure settles
+
+
+def applied_settings(app: Celery) -> dict[str, object]:
+    """The values the router installed on ``app`` set in its configuration, by key."""
+    installation = _installation(app)
+    return dict(installation.applied) if installation is not None else {}
+
+
 def router_of(app: Celery) -> PriorityRouter | None:
     installation = _installation(app)
     return installation.router if installation is not None else None
@@ -205,7 +228,7 @@ def _settle(app: Celery, installation: Installation, publisher: bool = False) ->
             logger.error(
                 "priority-router on %r: %s Its workers refuse to start until it is fixed.", app, refusal
             )
-    changes = wanted_changes(app, transport)
+    changes = wanted_changes(app, transport, installation.pool, installation.applied)
     if router.config.dry_run:
         _report_dry_run(app, changes, warned)
     else:
@@ -221,7 +244,7 @@ def _settle(app: Celery, installation: Installation, publisher: bool = False) ->
 
 def _apply(app: Celery, installation: Installation, transport: Transport, changes: list[Change]) -> None:
     warned = installation.warned
-    apply_changes(app, changes)
+    installation.applied.update(apply_changes(app, changes))
     warn_kept(changes, warned)
     if transport is Transport.AMQP:
         installation.quorum_queues = quorum = quorum_queue_names(app)
@@ -279,10 +302,12 @@ def _on_sender_built(app: Celery) -> None:
     settle(app)
 
 
-def _on_worker_starting(sender: Any = None, instance: Any = None, **_: Any) -> None:
+def _on_worker_starting(sender: Any = None, instance: Any = None, options: Any = None, **_: Any) -> None:
     found = _installed_on(instance)
     if found is not None:
-        _settle_worker(*found)
+        app, installation = found
+        installation.pool = pool_of_options(options or {}, app.conf)
+        _settle_worker(app, installation)
 
 
 def _on_worker_init(sender: Any = None, **_: Any) -> None:
@@ -290,6 +315,7 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
     if found is None:
         return
     app, installation = found
+    installation.pool = pool_of_worker(sender)
     transport = _settle_worker(app, installation)
     if _dry_run(installation):
         return
@@ -302,11 +328,35 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
         check_worker_queues(app, installation.quorum_queues)
 
 
+def _say_started(app: Celery, installation: Installation, transport: Transport) -> None:
+    """One INFO line per worker with what the router runs with, from every settings source."""
+    if not first_time(installation.warned, "started"):
+        return
+    config, conf = installation.router.config, app.conf
+    options = conf.broker_transport_options or {}
+    logger.info(
+        "priority-router on %r: mode=%s%s, counter store %s, key prefix %r, %s broker, %s; "
+        "worker_prefetch_multiplier=%s, task_acks_late=%s%s",
+        app.main,
+        config.mode,
+        " (dry run)" if config.dry_run else "",
+        redact_url(config.redis_url),
+        config.key_prefix,
+        transport.value,
+        installation.pool,
+        conf.worker_prefetch_multiplier,
+        conf.task_acks_late,
+        f", max_connections={options['max_connections']}" if "max_connections" in options else "",
+    )
+
+
 def _on_worker_ready(sender: Any = None, **_: Any) -> None:
     found = _installed_on(sender)
     if found is None:
         return
     app, installation = found
+    if installation.receiver.transport is not None:
+        _say_started(app, installation, installation.receiver.transport)
     if _dry_run(installation) or installation.sweeper is not None:
         return
     max_wait = installation.router.config.max_wait
@@ -321,8 +371,8 @@ def _settle_worker(app: Celery, installation: Installation) -> Transport:
     except ConfigurationError as exc:
         logger.critical("priority-router: %s", exc)
         raise SystemExit(f"priority-router: {exc}") from None
-    if installation.router.config.max_wait is not None:
-        worker_ready.connect(_on_worker_ready, dispatch_uid=_UID)  # starts the max_wait sweeper
+    # Says what the worker runs with (logging is set up by then), starts the max_wait sweeper.
+    worker_ready.connect(_on_worker_ready, dispatch_uid=_UID)
     return transport
 
 
@@ -345,7 +395,7 @@ def _on_task_received(sender: Any = None, request: Any = None, **_: Any) -> None
     headers = getattr(request, "request_dict", None) or {}
     if H.REASON not in headers:
         if first_time(installation.warned, "unpriced"):
-            _warn_unpriced(request, _dry_run(installation))
+            _warn_unpriced(request, _dry_run(installation), installation.receiver.transport)
     elif (
         headers.get(H.DRY_RUN)
         and not _dry_run(installation)
@@ -354,21 +404,35 @@ def _on_task_received(sender: Any = None, request: Any = None, **_: Any) -> None
         _warn_dry_run_publisher(request)
 
 
-def _warn_unpriced(request: Any, dry_run: bool) -> None:
-    effect = (
-        "its documents are not counted and this dry run does not show them"
-        if dry_run
-        else "its documents carry no client priority and are served in arrival order"
-    )
+def _warn_unpriced(request: Any, dry_run: bool, transport: Transport | None) -> None:
     logger.warning(
         "priority-router: task %s (id %s) arrived on queue %r without a priority-router decision: "
         "the process that published it has no router installed, so %s. Fix: install the router in "
-        "the publishing app too (PriorityRouter(...).install(app) where that Celery app is created)",
+        "the publishing app too (PriorityRouter(...).install(app) where that Celery app is created); "
+        "until then, task_default_priority = 5 in that app serves its documents among the routed "
+        "priority-5 ones",
         getattr(request, "name", "?"),
         getattr(request, "id", "?"),
         _queue_of(request),
-        effect,
+        unpriced_effect(transport, dry_run),
     )
+
+
+def unpriced_effect(transport: Transport | None, dry_run: bool = False) -> str:
+    """What becomes of a document published without the router, on ``transport``."""
+    if dry_run:
+        return "its documents are not counted and this dry run does not show them"
+    if transport is Transport.REDIS:
+        return (
+            "its documents carry no priority and land in the queue's first list, which workers "
+            "poll first: they are served before every routed document, even priority 1"
+        )
+    if transport is Transport.AMQP:
+        return (
+            "its documents carry no priority, which RabbitMQ takes as the lowest: they are served "
+            "after every routed document, even priority 9"
+        )
+    return "its documents are not counted and carry no client priority"
 
 
 def _warn_dry_run_publisher(request: Any) -> None:

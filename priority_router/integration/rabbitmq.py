@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import re
+import shlex
 from typing import Any
 
 from celery import Celery
@@ -20,18 +21,39 @@ logger = logging.getLogger("priority_router")
 
 
 class QueueNotPriorityError(ConfigurationError):
-    """An existing RabbitMQ queue was declared without ``x-max-priority``."""
+    """Existing RabbitMQ queues were declared without ``x-max-priority``."""
 
-    def __init__(self, queue: str, detail: str) -> None:
+    def __init__(self, queues: str | list[str], detail: str, vhost: str = "/") -> None:
+        names = [queues] if isinstance(queues, str) else list(queues)
+        shown = ", ".join(repr(q) for q in names)
         super().__init__(
-            f"queue {queue!r}",
-            f"it already exists on RabbitMQ with other arguments than x-max-priority="
-            f"{AMQP_MAX_PRIORITY}, so RabbitMQ cannot apply priorities to it ({detail})",
-            f"either delete it once it is drained (rabbitmqctl delete_queue {queue}) so it is "
-            f"redeclared as a priority queue, or route documents to a new queue name "
-            f"(task_default_queue / task_queues)",
+            f"queue {shown}" if len(names) == 1 else f"queues {shown}",
+            f"{'it already exists' if len(names) == 1 else 'they already exist'} on RabbitMQ "
+            f"(vhost {vhost!r}) with other arguments than x-max-priority={AMQP_MAX_PRIORITY}, so "
+            f"RabbitMQ cannot apply priorities to {'it' if len(names) == 1 else 'them'} ({detail})",
+            drain_and_delete(names, vhost),
         )
-        self.queue = queue
+        self.queue = names[0]
+        self.queues = names
+        self.vhost = vhost
+
+
+def drain_and_delete(queues: list[str], vhost: str) -> str:
+    """The fix for FIFO queues in the way, as commands for the right vhost, checked first."""
+    p = shlex.quote(vhost)
+    deletes = "; ".join(f"rabbitmqctl delete_queue -p {p} {shlex.quote(q)}" for q in queues)
+    return (
+        f"check that nothing waits in it (rabbitmqctl list_queues -p {p} name messages "
+        f"messages_unacknowledged consumers: 0 messages and 0 unacknowledged), stop its consumers, "
+        f"then delete it ({deletes}) so it is redeclared as a priority queue; or route documents to "
+        f"a new queue name (task_default_queue, task_queues or task_routes)"
+    )
+
+
+def vhost_of(app: Celery) -> str:
+    """The virtual host of the app's broker URL (no connection is made)."""
+    with app.connection_for_write() as conn:
+        return str(conn.virtual_host or "/")
 
 
 def is_quorum(queue: Any) -> bool:
@@ -128,7 +150,7 @@ def demote_to_fifo(app: Celery, queue_name: str) -> None:
         logger.error(
             "priority-router: %s. Until then documents published to it are delivered "
             "without priority ordering (workers installed with the router refuse to consume it)",
-            QueueNotPriorityError(queue_name, "PRECONDITION_FAILED on publish"),
+            QueueNotPriorityError(queue_name, "PRECONDITION_FAILED on publish", vhost_of(app)),
         )
 
 
@@ -140,8 +162,9 @@ def verify_priority_queues(app: Celery, create: bool = True) -> list[str]:
     """
     from amqp.exceptions import NotFound, PreconditionFailed
 
-    checked = []
+    checked, refused, detail = [], [], ""
     with app.connection_for_write() as conn:
+        vhost = str(conn.virtual_host or "/")
         for queue in app.amqp.queues.values():
             channel = conn.channel()
             try:
@@ -153,13 +176,17 @@ def verify_priority_queues(app: Celery, create: bool = True) -> list[str]:
                     channel = conn.channel()  # a failed passive declare closes the channel
                 queue.bind(channel).declare()
             except PreconditionFailed as exc:
-                raise QueueNotPriorityError(queue.name, str(exc)) from None
+                refused.append(queue.name)
+                detail = detail or str(exc)
+                continue
             finally:
                 try:
                     channel.close()
                 except Exception:
                     logger.debug("closing a channel after a failed declare", exc_info=True)
             checked.append(queue.name)
+    if refused:
+        raise QueueNotPriorityError(refused, detail, vhost)
     return checked
 
 
@@ -178,7 +205,10 @@ def check_worker_queues(app: Celery, quorum: list[str]) -> None:
     except QueueNotPriorityError as exc:
         logger.critical("priority-router: %s", exc)
         # Signal receivers' exceptions are only logged by Celery; SystemExit is not.
-        raise SystemExit(f"priority-router: {exc}") from None
+        raise SystemExit(
+            "priority-router: the worker refuses to start: " + ", ".join(exc.queues) + " would serve "
+            "documents in arrival order (the CRITICAL line above says why and how to fix it)"
+        ) from None
     if not quorum:
         return
     honoured, note = quorum_note(rabbitmq_version(app))

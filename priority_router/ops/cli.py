@@ -186,7 +186,9 @@ def _router(ctx: click.Context, app_name: str | None = None) -> PriorityRouter:
         if installed is None:
             _fail(f"no PriorityRouter is installed on {app_name!r}; call install(app) where it is created", 2)
             raise AssertionError  # unreachable
-        return _operator_router(installed.config)
+        # The app's own priority_router_* settings (a celeryconfig module, Django's
+        # CELERY_PRIORITY_ROUTER_*) count only once the app has loaded its configuration.
+        return _operator_router(installed.follow_apps().config)
     try:
         context = ctx.find_object(Context)
         assert context is not None, "priority-router commands run under the main group"
@@ -246,7 +248,7 @@ def status(ctx: click.Context, as_json: bool, app_name: str | None, limit: int |
     console.print(table)
     shown = f", {len(rows)} shown" if len(rows) < tracked else ""
     console.print(f"{tracked} client(s) tracked in the {router.config.mode} mode{shown}")
-    if not tracked:
+    if not tracked and _app_name(ctx, app_name) is None:
         other = "seed" if inflight else "inflight"
         console.print(f"(a router in the {other} mode keeps other keys: add --mode {other}, or -A your app)")
 
@@ -405,15 +407,36 @@ def queues(ctx: click.Context, app_name: str | None, as_json: bool) -> None:
 @main.command()
 @app_option
 @json_option
+@click.option(
+    "-P",
+    "--pool",
+    default=None,
+    help="The worker pool, as for `celery worker -P` (prefork, threads, solo, gevent, eventlet) "
+    "[the app's worker_pool].",
+)
+@click.option(
+    "-c",
+    "--concurrency",
+    type=int,
+    default=None,
+    help="The worker's concurrency, as for `celery worker -c` [the app's worker_concurrency].",
+)
 @click.pass_context
-def doctor(ctx: click.Context, app_name: str | None, as_json: bool) -> None:
+def doctor(
+    ctx: click.Context, app_name: str | None, as_json: bool, pool: str | None, concurrency: int | None
+) -> None:
     """Check what silently defeats priorities; exit 1 when anything does."""
+    from ..integration.pools import pool_named
     from .doctor import diagnose
 
     app_name = _required_app(ctx, app_name)
     app = _load_app(app_name)
     try:
-        findings = diagnose(app)
+        worker_pool = pool_named(pool or app.conf.worker_pool, concurrency or app.conf.worker_concurrency)
+    except Exception as exc:
+        _fail(f"unknown worker pool {pool!r} ({exc}); use prefork, threads, solo, gevent or eventlet", 2)
+    try:
+        findings = diagnose(app, worker_pool)
     except PriorityRouterError as exc:
         _fail(str(exc), 2)
     problems = [f for f in findings if not f.ok]

@@ -22,9 +22,12 @@ from celery import Celery
 from kombu.transport.redis import PRIORITY_STEPS as KOMBU_PRIORITY_STEPS
 from kombu.transport.redis import Channel as KombuRedisChannel
 
+from ..integration.app_queues import declare_routed, queue_names
 from ..integration.brokers import AMQP_MAX_PRIORITY, Transport, transport_of
 from ..integration.celery_settings import COSTS, REDIS_PRIORITY_STEPS, Change, describe, wanted_changes
 from ..integration.consumers import FIX, blind_workers
+from ..integration.install import applied_settings, unpriced_effect
+from ..integration.pools import WorkerPool, pool_named
 from ..integration.rabbitmq import (
     QueueNotPriorityError,
     is_quorum,
@@ -36,6 +39,7 @@ from ..redact import redact_url
 from ..router import installed_router
 from ..store.connection import is_cluster
 from ..store.keys import glob_escape
+from .queues import queue_depths
 
 #: kombu before 5.4 drops a message's priority when it restores an unacked message.
 MIN_KOMBU = (5, 4)
@@ -50,16 +54,21 @@ class Finding:
     fix: str = ""
 
 
-Check = Callable[[Celery, Transport], Iterator[Finding]]
+Check = Callable[..., Iterator[Finding]]
 
 
-def diagnose(app: Celery) -> list[Finding]:
-    """Run every check that applies to ``app``'s broker."""
+def diagnose(app: Celery, pool: WorkerPool | None = None) -> list[Finding]:
+    """Run every check that applies to ``app``'s broker, for workers running ``pool``
+    (by default the app's ``worker_pool`` and ``worker_concurrency``)."""
     transport = transport_of(app)
+    pool = pool or pool_named(app.conf.worker_pool, app.conf.worker_concurrency)
     findings: list[Finding] = []
     for name, check in _CHECKS.items():
         try:
-            findings.extend(check(app, transport))
+            if check is _check_prefetch:
+                findings.extend(_check_prefetch(app, transport, pool))
+            else:
+                findings.extend(check(app, transport))
         except Exception as exc:
             findings.append(Finding(name, False, f"could not check: {exc}", "fix what stops the check"))
     return findings
@@ -115,20 +124,33 @@ def _check_kombu(app: Celery, transport: Transport) -> Iterator[Finding]:
         yield Finding("kombu", True, f"kombu {kombu.__version__}")
 
 
-def _check_prefetch(app: Celery, transport: Transport) -> Iterator[Finding]:
-    value = app.conf.worker_prefetch_multiplier
-    change = _switch_on_sets(app, transport, "worker_prefetch_multiplier")
-    if change is not None:
-        yield _not_applied("prefetch", change)
-    elif value != 1:
+def _check_prefetch(app: Celery, transport: Transport, pool: WorkerPool) -> Iterator[Finding]:
+    """The values the worker's pool needs: the prefetch multiplier, and on a green pool
+    with the Redis broker kombu's connection limit (``integration/pools.py``)."""
+    router = installed_router(app)
+    keys = ("worker_prefetch_multiplier", "max_connections")
+    changes = [c for c in wanted_changes(app, transport, pool, applied_settings(app)) if c.key in keys]
+    if not changes:
+        options = app.conf.broker_transport_options or {}
+        shown = f"worker_prefetch_multiplier={app.conf.worker_prefetch_multiplier}"
+        if pool.green and transport is Transport.REDIS:
+            shown += f", max_connections={options.get('max_connections')}"
+        yield Finding("prefetch", True, f"{pool}: {shown}")
+        return
+    for change in changes:
+        if router is not None and not change.kept:
+            if router.config.dry_run:
+                yield _not_applied("prefetch", change)
+            else:
+                yield Finding("prefetch", True, f"{pool}: install() sets {change} when the worker starts")
+            continue
         yield Finding(
             "prefetch",
             False,
-            f"worker_prefetch_multiplier={value}: {COSTS['worker_prefetch_multiplier']}",
-            "set worker_prefetch_multiplier = 1 (install() does unless you set it)",
+            f"{pool}: {change.shown(change.current)}: {change.cost}",
+            f"set {change.shown(change.wanted)}"
+            + ("" if router is None else " (install() does unless you set it yourself)"),
         )
-    else:
-        yield Finding("prefetch", True, "worker_prefetch_multiplier=1")
 
 
 def _check_acks(app: Celery, transport: Transport) -> Iterator[Finding]:
@@ -224,7 +246,7 @@ def _check_stranded(app: Celery, transport: Transport) -> Iterator[Finding]:
     with other ``priority_steps`` or ``sep`` than the workers strands messages there."""
     if transport is not Transport.REDIS:
         return
-    names = {q.name for q in app.amqp.queues.values()} or {app.conf.task_default_queue}
+    names = set(queue_names(app))
     stranded: list[str] = []
     with app.connection_for_read() as conn:
         channel = conn.default_channel
@@ -254,9 +276,29 @@ def _check_stranded(app: Celery, transport: Transport) -> Iterator[Finding]:
         yield Finding("stranded", True, "no messages in priority lists the workers do not poll")
 
 
+def _check_unrouted(app: Celery, transport: Transport) -> Iterator[Finding]:
+    """Documents waiting without any priority: their publisher has no router."""
+    if transport is not Transport.REDIS:
+        return
+    depths = queue_depths(app)
+    waiting = {q.queue: q.by_priority.get(0, 0) for q in depths.queues if q.by_priority.get(0, 0)}
+    if not waiting:
+        yield Finding("unrouted", True, "no waiting document lacks a priority")
+        return
+    shown = ", ".join(f"{n} in {q!r}" for q, n in sorted(waiting.items()))
+    yield Finding(
+        "unrouted",
+        False,
+        f"documents published without the router wait now ({shown}): " + unpriced_effect(transport),
+        "install the router in every publishing app (PriorityRouter(...).install(app)); until then, "
+        "task_default_priority = 5 there serves them among the routed priority-5 documents",
+    )
+
+
 def _check_amqp_queues(app: Celery, transport: Transport) -> Iterator[Finding]:
     if transport is not Transport.AMQP:
         return
+    declare_routed(app)
     queues = list(app.amqp.queues.values())
     quorum = [q.name for q in queues if is_quorum(q)]
     if quorum:
@@ -391,7 +433,7 @@ def _check_consumers(app: Celery, transport: Transport) -> Iterator[Finding]:
     if router is not None and router.config.dry_run:
         yield Finding("workers", True, "not checked: in dry run the messages carry plain Celery's priorities")
         return
-    names = {q.name for q in app.amqp.queues.values()} or {app.conf.task_default_queue}
+    names = set(queue_names(app))
     found = blind_workers(app, transport, names)
     if found is None:
         yield Finding("workers", True, "no worker answered, so none could be checked")
@@ -424,6 +466,7 @@ _CHECKS: dict[str, Check] = {
     "priority_steps": _check_redis_steps,
     "visibility_timeout": _check_visibility,
     "stranded": _check_stranded,
+    "unrouted": _check_unrouted,
     "x-max-priority": _check_amqp_queues,
     "counter store": _check_counter,
     "workers": _check_consumers,

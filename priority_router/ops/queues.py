@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from celery import Celery
 
+from ..integration.app_queues import queue_names
 from ..integration.brokers import Transport, transport_of
 from ..integration.celery_settings import REDIS_PRIORITY_STEPS
 
@@ -37,7 +38,7 @@ class BrokerDepths:
 
 def queue_depths(app: Celery) -> BrokerDepths:
     transport = transport_of(app)
-    names = [q.name for q in app.amqp.queues.values()] or [app.conf.task_default_queue]
+    names = queue_names(app)
     if transport is Transport.REDIS:
         return _redis_depths(app, names)
     if transport is Transport.AMQP:
