@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint bench demo celery-suite clean
+.PHONY: test shapes lint bench demo celery-suite clean
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" || { echo "make: Python 3.10 or newer is needed (set PYTHON=...)"; exit 1; }
@@ -14,9 +14,15 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-## Unit and integration tests; starts a throwaway Redis when none answers.
+## Unit and integration tests; starts a throwaway Redis when none answers.  The shapes
+## matrix's fast rows run here; `make shapes` runs all of it.
 test: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not matrix" $(PYTEST_ARGS)
+
+## The whole shapes matrix: every worker pool x both brokers x every settings source, each
+## row a real publisher, worker and CLI (about 6 minutes).
+shapes: $(STAMP)
+	$(BIN)/python -m pytest tests/integration/test_shapes_matrix.py $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

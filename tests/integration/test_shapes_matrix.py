@@ -75,9 +75,7 @@ class Row:
 
 
 @pytest.fixture
-def row(
-    request: pytest.FixtureRequest, redis_server_url: str, key_prefix: str
-) -> Iterator[Row]:
+def row(request: pytest.FixtureRequest, redis_server_url: str, key_prefix: str) -> Iterator[Row]:
     pool, broker, source = request.node.callspec.params.values()
     broker_url = redis_server_url + "/14" if broker == "redis" else request.getfixturevalue("amqp_url")
     store_url = redis_server_url + "/13"
