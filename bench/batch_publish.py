@@ -36,13 +36,14 @@ def child(kind: str, redis_url: str, documents: int) -> dict[str, Any]:
 
     from priority_router.router import installed_router
     from workers.app import create_app
+    from workers.local_redis import RedisDatabases
 
     tag = uuid.uuid4().hex[:8]
     env = {
-        "BROKER_URL": f"{redis_url}/14",
+        "BROKER_URL": RedisDatabases.from_url(redis_url).broker,
         "DOCUMENT_QUEUE": f"batch-{tag}",
         "WORKERS_ROUTER": "on" if kind.startswith("router") else "off",
-        "PRIORITY_ROUTER_REDIS_URL": f"{redis_url}/13",
+        "PRIORITY_ROUTER_REDIS_URL": RedisDatabases.from_url(redis_url).counter,
         "PRIORITY_ROUTER_KEY_PREFIX": f"batch-{tag}:",
         "PRIORITY_ROUTER_CONSUMER_CHECK_INTERVAL": "0",
     }
@@ -69,7 +70,7 @@ def child(kind: str, redis_url: str, documents: int) -> dict[str, Any]:
     finally:
         with app.connection_for_write() as conn:
             conn.default_channel.queue_delete(env["DOCUMENT_QUEUE"])
-        counter = redis.Redis.from_url(f"{redis_url}/13")
+        counter = redis.Redis.from_url(RedisDatabases.from_url(redis_url).counter)
         for key in counter.scan_iter(match=f"batch-{tag}:*"):
             counter.unlink(key)
         counter.close()

@@ -54,22 +54,20 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from bench.provenance import code_version  # noqa: E402
 from priority_router.store.keys import glob_escape  # noqa: E402
-from workers.local_redis import redis_answers, start_embedded_redis, stop_process  # noqa: E402
+from workers.local_redis import RedisDatabases, redis_answers, start_embedded_redis, stop_process  # noqa: E402
 
 TASK = "workers.count_document"
 MODES = ("plain", "router", "tuned", "inflight")
-BROKER_DB = 14
-COUNTER_DB = 13
 
 
 def environment(mode: str, redis_url: str, tag: str) -> dict[str, str]:
     env = {
-        "BROKER_URL": f"{redis_url}/{BROKER_DB}",
+        "BROKER_URL": RedisDatabases.from_url(redis_url).broker,
         "DOCUMENT_QUEUE": f"e2e-{tag}",
         "WORKER_INCLUDE": "workers.bench_tasks",
         "WORKERS_ROUTER": "on" if mode in ("router", "inflight") else "off",
         "PRIORITY_ROUTER_MODE": "inflight" if mode == "inflight" else "seed",
-        "PRIORITY_ROUTER_REDIS_URL": f"{redis_url}/{COUNTER_DB}",
+        "PRIORITY_ROUTER_REDIS_URL": RedisDatabases.from_url(redis_url).counter,
         "PRIORITY_ROUTER_KEY_PREFIX": f"e2e-{tag}:",
     }
     if mode == "tuned":
@@ -215,8 +213,8 @@ def wait_end(counter: redis.Redis, key: str, timeout: float, procs: list[Process
 
 
 def cleanup(redis_url: str, tag: str) -> None:
-    broker = redis.Redis.from_url(f"{redis_url}/{BROKER_DB}")
-    counter = redis.Redis.from_url(f"{redis_url}/{COUNTER_DB}")
+    broker = redis.Redis.from_url(RedisDatabases.from_url(redis_url).broker)
+    counter = redis.Redis.from_url(RedisDatabases.from_url(redis_url).counter)
     try:
         for client in (broker, counter):
             keys = list(client.scan_iter(match=f"*{tag}*", count=1000))
@@ -236,7 +234,7 @@ def run(mode: str, args: argparse.Namespace, redis_url: str) -> dict[str, Any]:
     tag = uuid.uuid4().hex[:10]
     env = environment(mode, redis_url, tag)
     keys = f"e2e-{tag}-done"
-    counter = redis.Redis.from_url(f"{redis_url}/{COUNTER_DB}")
+    counter = redis.Redis.from_url(RedisDatabases.from_url(redis_url).counter)
     names = [f"e2e{i}-{tag}@bench" for i in range(args.workers)]
     worker_args = ["--prefetch-multiplier", "1"] if mode == "tuned" else []
     workers = [

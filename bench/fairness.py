@@ -28,7 +28,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from support.services import running_worker  # noqa: E402
 
 from workers.app import create_app  # noqa: E402
-from workers.local_redis import redis_or_embedded  # noqa: E402
+from workers.local_redis import RedisDatabases, redis_or_embedded  # noqa: E402
 from workers.workload import NoisyNeighbour, p95, publish, waits_by_group  # noqa: E402
 
 #: What one run measured: the workload, the clock before the first publish, task id ->
@@ -39,11 +39,11 @@ Measured = tuple[NoisyNeighbour, float, dict[str, tuple[str, float]], dict[str, 
 def measure(mode: str, args: argparse.Namespace, redis_url: str) -> Measured:
     """Run the workload once on a real worker, plain Celery (``mode="plain"``) or with the router."""
     env = {
-        "BROKER_URL": args.broker or redis_url + "/14",
-        "RESULT_BACKEND": redis_url + "/15",
+        "BROKER_URL": args.broker or RedisDatabases.from_url(redis_url).broker,
+        "RESULT_BACKEND": RedisDatabases.from_url(redis_url).results,
         "DOCUMENT_QUEUE": f"bench-{mode}-{uuid.uuid4().hex[:6]}",
         "WORKERS_ROUTER": "on" if mode == "router" else "off",
-        "PRIORITY_ROUTER_REDIS_URL": redis_url + "/13",
+        "PRIORITY_ROUTER_REDIS_URL": RedisDatabases.from_url(redis_url).counter,
         "PRIORITY_ROUTER_KEY_PREFIX": f"bench-{uuid.uuid4().hex[:6]}:",
     }
     app = create_app(env)

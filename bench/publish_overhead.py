@@ -53,12 +53,13 @@ def child(redis_url: str, blocks: int, block: int, modes: list[str]) -> dict[str
 
     from priority_router.integration import install
     from workers.app import create_app
+    from workers.local_redis import RedisDatabases
 
     tag = uuid.uuid4().hex[:8]
     env = {
-        "BROKER_URL": f"{redis_url}/14",
+        "BROKER_URL": RedisDatabases.from_url(redis_url).broker,
         "DOCUMENT_QUEUE": f"overhead-{tag}",
-        "PRIORITY_ROUTER_REDIS_URL": f"{redis_url}/13",
+        "PRIORITY_ROUTER_REDIS_URL": RedisDatabases.from_url(redis_url).counter,
         "PRIORITY_ROUTER_KEY_PREFIX": f"overhead-{tag}:",
         "PRIORITY_ROUTER_CONSUMER_CHECK_INTERVAL": "0",
     }
@@ -76,7 +77,7 @@ def child(redis_url: str, blocks: int, block: int, modes: list[str]) -> dict[str
         )
         for mode in modes
     }
-    ping = redis.Redis.from_url(f"{redis_url}/13")
+    ping = redis.Redis.from_url(RedisDatabases.from_url(redis_url).counter)
     for mode in modes:
         if mode.endswith(TIERED):
             from priority_router.router import installed_router

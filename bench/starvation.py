@@ -29,16 +29,16 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from support.services import running_worker  # noqa: E402
 
 from workers.app import create_app  # noqa: E402
-from workers.local_redis import redis_or_embedded  # noqa: E402
+from workers.local_redis import RedisDatabases, redis_or_embedded  # noqa: E402
 from workers.workload import NoisyNeighbour, p95, publish, waits_by_group  # noqa: E402
 
 
 def run(max_wait: float | None, args: argparse.Namespace, redis_url: str) -> dict[str, Any]:
     env = {
-        "BROKER_URL": redis_url + "/14",
-        "RESULT_BACKEND": redis_url + "/15",
+        "BROKER_URL": RedisDatabases.from_url(redis_url).broker,
+        "RESULT_BACKEND": RedisDatabases.from_url(redis_url).results,
         "DOCUMENT_QUEUE": f"bench-starve-{uuid.uuid4().hex[:6]}",
-        "PRIORITY_ROUTER_REDIS_URL": redis_url + "/13",
+        "PRIORITY_ROUTER_REDIS_URL": RedisDatabases.from_url(redis_url).counter,
         "PRIORITY_ROUTER_KEY_PREFIX": f"bench-{uuid.uuid4().hex[:6]}:",
         "PRIORITY_ROUTER_CONSUMER_CHECK_INTERVAL": "0",
     }

@@ -8,17 +8,49 @@ import fakeredis
 import pytest
 import redis
 from support.cluster import LocalCluster, require_cluster_programs, running_cluster
-from support.services import IN_CI, ensure_rabbitmq, redis_answers, start_embedded_redis
+from support.redis_sweep import KeySweep, delete_prefixed
+from support.services import (
+    IN_CI,
+    TEST_DATABASES,
+    counter_db_url,
+    ensure_rabbitmq,
+    redis_answers,
+    start_embedded_redis,
+)
 
-REDIS_URL = os.environ.get("PRIORITY_ROUTER_TEST_REDIS_URL", "redis://127.0.0.1:6379")
 AMQP_URL = os.environ.get("PRIORITY_ROUTER_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
+
+#: What the session's key sweep did, for the terminal summary.
+_SWEEP_REPORT: list[str] = []
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _leave_redis_as_found() -> Iterator[None]:
+    """Delete, when the session ends, every key the tests created in the configured Redis's
+    three databases (support/redis_sweep.py); the keys that were there are left alone.
+    Set up first, so torn down last: after every fixture that could still write."""
+    if not redis_answers(TEST_DATABASES.counter):
+        yield  # the tests start a throwaway Redis when they need one, and stop it
+        return
+    sweep = KeySweep(TEST_DATABASES)
+    sweep.start()
+    try:
+        yield
+    finally:
+        _SWEEP_REPORT.append(sweep.finish())
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    for line in _SWEEP_REPORT:
+        terminalreporter.write_line(f"priority-router tests: {line}")
 
 
 @pytest.fixture(scope="session")
 def redis_server_url() -> Iterator[str]:
-    """A real Redis: the configured one when it answers, else a throwaway one."""
-    if redis_answers(REDIS_URL):
-        yield REDIS_URL.rstrip("/")
+    """A real Redis, without a database (``counter_db_url()`` and the like add one): the
+    configured one when it answers, else a throwaway one."""
+    if redis_answers(TEST_DATABASES.counter):
+        yield TEST_DATABASES.server
         return
     server = start_embedded_redis()
     try:
@@ -47,8 +79,12 @@ def redis_cluster() -> Iterator[LocalCluster]:
 
 
 @pytest.fixture
-def real_redis(redis_server_url: str) -> redis.Redis:
-    return redis.Redis.from_url(redis_server_url + "/13")
+def real_redis(redis_server_url: str, key_prefix: str) -> Iterator[redis.Redis]:
+    """The counter database; the test's ``key_prefix`` keys are deleted after it."""
+    client = redis.Redis.from_url(counter_db_url(redis_server_url))
+    yield client
+    delete_prefixed(client, key_prefix)
+    client.close()
 
 
 @pytest.fixture

@@ -14,8 +14,63 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from urllib.parse import urlsplit, urlunsplit
 
 import redis
+
+#: The first of the three consecutive databases that ``make demo``, ``make test`` and the
+#: benchmarks use when their Redis URL names none: the router's counters in it, the Celery
+#: broker in the next one, the result backend in the one after (13, 14 and 15).
+DEFAULT_FIRST_DB = 13
+
+
+@dataclass(frozen=True)
+class RedisDatabases:
+    """Three consecutive databases of one Redis: counters, broker, results.
+
+    The one place that says which databases the demo, the tests and the benchmarks use:
+    ``RedisDatabases.from_url("redis://host:6379/3")`` is databases 3, 4 and 5 of that
+    server, and a URL without a database number means 13, 14 and 15."""
+
+    server: str  #: ``scheme://[user:password@]host:port``, no database
+    first: int = DEFAULT_FIRST_DB
+    query: str = ""  #: a query string to keep on every database's URL (``ssl_cert_reqs=...``)
+
+    @classmethod
+    def from_url(cls, url: str) -> RedisDatabases:
+        parts = urlsplit(url.strip())
+        path = parts.path.strip("/")
+        if path and not path.isdigit():
+            where = f"{parts.scheme}://{parts.hostname}{parts.path}"
+            raise ValueError(f"{where}: a Redis URL's path must be a database number")
+        server = urlunsplit((parts.scheme, parts.netloc, "", "", ""))
+        return cls(server, int(path) if path else DEFAULT_FIRST_DB, parts.query)
+
+    def url(self, db: int) -> str:
+        return urlunsplit((*urlsplit(self.server)[:2], f"/{db}", self.query, ""))
+
+    @property
+    def numbers(self) -> tuple[int, int, int]:
+        return self.first, self.first + 1, self.first + 2
+
+    @property
+    def counter(self) -> str:
+        """The router's counter store (``PRIORITY_ROUTER_REDIS_URL``)."""
+        return self.url(self.first)
+
+    @property
+    def broker(self) -> str:
+        """The Celery broker (``BROKER_URL``)."""
+        return self.url(self.first + 1)
+
+    @property
+    def results(self) -> str:
+        """The Celery result backend (``RESULT_BACKEND``)."""
+        return self.url(self.first + 2)
+
+    def on(self, server: str) -> RedisDatabases:
+        """The same databases of another server (a throwaway one the tests started)."""
+        return self if server.rstrip("/") == self.server else RedisDatabases(server.rstrip("/"), self.first)
 
 
 def free_port() -> int:

@@ -47,3 +47,12 @@ def hold_document(self: Task, client_id: str, document_id: str, seconds: float =
     started = time.time()
     time.sleep(seconds)
     return _report(self, client_id, document_id, started)
+
+
+@shared_task(bind=True, name="workers.sleep_document")
+def sleep_document(self: Task, client_id: str, document_id: str, seconds: float = 0.05) -> dict[str, Any]:
+    """``hold_document`` with Celery's own default acks (early), as most projects' tasks
+    have them: plain Celery's baseline in ``bench/pools.py``; the router makes them late."""
+    started = time.time()
+    time.sleep(seconds)
+    return _report(self, client_id, document_id, started)

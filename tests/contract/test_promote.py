@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import redis
 from kombu import Connection, Exchange, Producer, Queue
+from support.services import broker_db_url
 
 from priority_router import headers as H
 from priority_router.integration.starvation import Promoter, queue_lists
@@ -29,7 +30,7 @@ def queue() -> str:
 
 @pytest.fixture
 def r(redis_server_url: str, queue: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_server_url + "/14")
+    client = redis.Redis.from_url(broker_db_url(redis_server_url))
     yield client
     keys = client.keys(f"*{queue}*")
     if keys:
@@ -174,7 +175,7 @@ def test_queue_lists_are_the_lists_kombu_polls(redis_server_url: str, queue: str
     """Published by kombu, promoted, then taken by kombu: with the router's priority steps
     and a global key prefix."""
     options = {"priority_steps": STEPS, "queue_order_strategy": "priority", "global_keyprefix": "gp:"}
-    with Connection(redis_server_url + "/14", transport_options=options) as conn:
+    with Connection(broker_db_url(redis_server_url), transport_options=options) as conn:
         channel = conn.default_channel
         keys = queue_lists(channel, queue)
         assert keys == ["gp:" + k for k in keys_of(queue)]

@@ -2,12 +2,14 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
+import redis
 from celery import Celery
 from click.testing import CliRunner, Result
-from support.services import close_app
+from support.redis_sweep import delete_prefixed
+from support.services import broker_db_url, close_app, counter_db_url, results_db_url
 
 from priority_router.ops.cli import main
 from workers.app import create_app
@@ -18,24 +20,26 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(params=["redis", pytest.param("amqp", marks=pytest.mark.rabbitmq)])
 def broker_url(request: pytest.FixtureRequest, redis_server_url: str) -> str:
     if request.param == "redis":
-        return redis_server_url + "/14"
+        return broker_db_url(redis_server_url)
     return str(request.getfixturevalue("amqp_url"))
 
 
 @pytest.fixture
-def worker_env(broker_url: str, redis_server_url: str, key_prefix: str) -> dict[str, str]:
-    """Environment for one test's producer and workers: its own queue and counter keys."""
-    return {
+def worker_env(broker_url: str, redis_server_url: str, key_prefix: str) -> Iterator[dict[str, str]]:
+    """Environment for one test's producer and workers: its own queue and counter keys
+    (deleted after it; the session sweep catches its results and the broker's keys)."""
+    yield {
         "BROKER_URL": broker_url,
-        "RESULT_BACKEND": redis_server_url + "/15",
+        "RESULT_BACKEND": results_db_url(redis_server_url),
         "DOCUMENT_QUEUE": f"documents-{uuid.uuid4().hex[:8]}",
-        "PRIORITY_ROUTER_REDIS_URL": redis_server_url + "/13",
+        "PRIORITY_ROUTER_REDIS_URL": counter_db_url(redis_server_url),
         "PRIORITY_ROUTER_KEY_PREFIX": key_prefix,
         "WORKER_INCLUDE": "worker_tasks",
         # The publisher's background check for blind workers is tested on its own
         # (test_deployment_shapes); elsewhere it would only add broadcasts between tests.
         "PRIORITY_ROUTER_CONSUMER_CHECK_INTERVAL": "0",
     }
+    _delete_counters(counter_db_url(redis_server_url), key_prefix)
 
 
 @pytest.fixture
@@ -55,9 +59,19 @@ def producer(worker_env: dict[str, str]) -> Callable[[], Celery]:
 
 
 @pytest.fixture
-def counter_url(redis_server_url: str) -> str:
-    """The counter store the CLI tests use."""
-    return redis_server_url + "/13"
+def counter_url(redis_server_url: str, key_prefix: str) -> Iterator[str]:
+    """The counter store the CLI tests use; the test's ``key_prefix`` keys are deleted after it."""
+    url = counter_db_url(redis_server_url)
+    yield url
+    _delete_counters(url, key_prefix)
+
+
+def _delete_counters(url: str, key_prefix: str) -> None:
+    client = redis.Redis.from_url(url)
+    try:
+        delete_prefixed(client, key_prefix)
+    finally:
+        client.close()
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from amqp.exceptions import NotFound
 from celery import Celery
 from click.testing import CliRunner
 from kombu import Connection, Queue
-from support.services import close_app
+from support.services import broker_db_url, close_app, counter_db_url
 
 from priority_router.ops.cli import main
 
@@ -46,7 +46,7 @@ def app_module(
 
                 if {install!r}:
                     PriorityRouter(
-                        redis_url={redis_server_url + "/13"!r}, key_prefix={key_prefix!r}
+                        redis_url={counter_db_url(redis_server_url)!r}, key_prefix={key_prefix!r}
                     ).install(app)
                 """
             )
@@ -127,7 +127,7 @@ def test_doctor_passes_an_installed_app(app_module: AppFactory, broker_url: str)
 
 def test_doctor_names_what_defeats_priorities(app_module: AppFactory, redis_server_url: str) -> None:
     name = app_module(
-        redis_server_url + "/14",
+        broker_db_url(redis_server_url),
         f"q-{uuid.uuid4().hex[:8]}",
         {
             "worker_prefetch_multiplier": 4,
@@ -153,7 +153,7 @@ def test_doctor_names_what_defeats_priorities(app_module: AppFactory, redis_serv
 def test_doctor_finds_messages_stranded_by_a_producer_with_another_separator(
     app_module: AppFactory, redis_server_url: str
 ) -> None:
-    broker, queue = redis_server_url + "/14", f"q-{uuid.uuid4().hex[:8]}"
+    broker, queue = broker_db_url(redis_server_url), f"q-{uuid.uuid4().hex[:8]}"
     producer = app_module(broker, queue, {"broker_transport_options": {"sep": ":"}})
     worker = app_module(broker, queue)
     publish_burst(_app(producer))

@@ -22,7 +22,7 @@ from celery.signals import after_task_publish
 from click.testing import CliRunner
 from support.broker import drain
 from support.cluster import LocalCluster, require_cluster_programs, running_cluster
-from support.services import close_app
+from support.services import broker_db_url, close_app
 
 from priority_router import (
     DOCBITS_THRESHOLDS,
@@ -44,7 +44,7 @@ BURST = [1, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7, 8, 8, 8, 8, 8, 8, 9]
 @pytest.fixture
 def broker_url(redis_server_url: str) -> str:
     """Celery's broker is the tests' plain Redis (the counter is what runs on the cluster)."""
-    return redis_server_url + "/14"
+    return broker_db_url(redis_server_url)
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support.services import free_port
+from support.services import counter_db_url, free_port
 
 from workers.demo import redis_for_demo
 from workers.local_redis import redis_answers
@@ -35,7 +35,7 @@ def worker_pids(output: str) -> list[int]:
 
 @pytest.fixture
 def demo_env(redis_server_url: str) -> dict[str, str]:
-    return {**os.environ, "REDIS_URL": redis_server_url, "COLUMNS": "120"}
+    return {**os.environ, "REDIS_URL": counter_db_url(redis_server_url), "COLUMNS": "120"}
 
 
 def test_demo_compares_plain_celery_and_the_router(demo_env: dict[str, str], tmp_path: Path) -> None:

@@ -21,9 +21,11 @@ import pytest
 from celery import Celery
 from support.broker import drain
 from support.services import (
+    COUNTER_DB,
     FAST_REDELIVERY,
     EmbeddedRedis,
     close_app,
+    counter_db_url,
     free_port,
     kill_worker_mid_work,
     running_worker,
@@ -152,7 +154,7 @@ def _record_many(url: str, prefix: str, n: int) -> list[tuple[int, int]]:
 
 
 def test_concurrent_publisher_processes_lose_no_update(redis_server_url: str, key_prefix: str) -> None:
-    url = redis_server_url + "/13"
+    url = counter_db_url(redis_server_url)
     with multiprocessing.get_context("spawn").Pool(4) as pool:
         results = pool.starmap(_record_many, [(url, key_prefix, 500)] * 4)
     checks = [c for r in results for c in r]
@@ -199,7 +201,7 @@ def test_sentinel_url_finds_the_master(redis_server_url: str, key_prefix: str) -
     )
     try:
         router = PriorityRouter(
-            redis_url=f"redis+sentinel://127.0.0.1:{sport}/docs/13",
+            redis_url=f"redis+sentinel://127.0.0.1:{sport}/docs/{COUNTER_DB}",
             key_prefix=key_prefix,
             connect_timeout=1,
             socket_timeout=1,
@@ -215,7 +217,9 @@ def test_sentinel_url_finds_the_master(redis_server_url: str, key_prefix: str) -
                 time.sleep(0.1)
         assert decision.pending == 0
         assert (
-            PriorityRouter(redis_url=redis_server_url + "/13", key_prefix=key_prefix).peek("acme").pending
+            PriorityRouter(redis_url=counter_db_url(redis_server_url), key_prefix=key_prefix)
+            .peek("acme")
+            .pending
             == 0
         )
     finally:

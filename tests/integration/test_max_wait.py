@@ -6,7 +6,7 @@ import time
 import uuid
 
 import pytest
-from support.services import close_app, running_worker
+from support.services import broker_db_url, close_app, counter_db_url, results_db_url, running_worker
 
 from workers.app import create_app
 
@@ -21,10 +21,10 @@ RATE, STREAM, DOC = 30, 6.0, 0.1
 @pytest.fixture
 def env(redis_server_url: str, key_prefix: str) -> dict[str, str]:
     return {
-        "BROKER_URL": redis_server_url + "/14",
-        "RESULT_BACKEND": redis_server_url + "/15",
+        "BROKER_URL": broker_db_url(redis_server_url),
+        "RESULT_BACKEND": results_db_url(redis_server_url),
         "DOCUMENT_QUEUE": f"max-wait-{uuid.uuid4().hex[:8]}",
-        "PRIORITY_ROUTER_REDIS_URL": redis_server_url + "/13",
+        "PRIORITY_ROUTER_REDIS_URL": counter_db_url(redis_server_url),
         "PRIORITY_ROUTER_KEY_PREFIX": key_prefix,
         "PRIORITY_ROUTER_CONSUMER_CHECK_INTERVAL": "0",
         "PRIORITY_ROUTER_MAX_WAIT": str(MAX_WAIT),

@@ -10,7 +10,7 @@ import pytest
 from celery import Celery
 from kombu import Connection, Queue
 from support.broker import drain
-from support.services import ROOT, close_app, worker_command, worker_environment
+from support.services import ROOT, close_app, counter_db_url, worker_command, worker_environment
 
 from priority_router import headers as H
 from priority_router.integration.rabbitmq import QueueNotPriorityError, verify_priority_queues
@@ -34,7 +34,7 @@ def _env(amqp_url: str, redis_server_url: str, queue: str) -> dict[str, str]:
     return {
         "BROKER_URL": amqp_url,
         "DOCUMENT_QUEUE": queue,
-        "PRIORITY_ROUTER_REDIS_URL": redis_server_url + "/13",
+        "PRIORITY_ROUTER_REDIS_URL": counter_db_url(redis_server_url),
     }
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import pytest
 import redis
 from kombu import Connection
-from support.services import ROOT, Worker, stop_process, worker_environment
+from support.services import ROOT, Worker, broker_db_url, counter_db_url, stop_process, worker_environment
 
 POOLS = {"prefork": 2, "threads": 4, "solo": 1, "gevent": 20, "eventlet": 20}
 BROKERS = ("redis", "amqp")
@@ -77,8 +77,8 @@ class Row:
 @pytest.fixture
 def row(request: pytest.FixtureRequest, redis_server_url: str, key_prefix: str) -> Iterator[Row]:
     pool, broker, source = request.node.callspec.params.values()
-    broker_url = redis_server_url + "/14" if broker == "redis" else request.getfixturevalue("amqp_url")
-    store_url = redis_server_url + "/13"
+    broker_url = broker_db_url(redis_server_url) if broker == "redis" else request.getfixturevalue("amqp_url")
+    store_url = counter_db_url(redis_server_url)
     queue = f"matrix-{uuid.uuid4().hex[:8]}"
     env = {
         "SHAPE_SOURCE": source,

@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 
 from workers.local_redis import (  # noqa: F401 - re-exported for tests, bench, scripts
     EmbeddedRedis,
+    RedisDatabases,
     free_port,
     redis_answers,
     start_embedded_redis,
@@ -28,6 +29,34 @@ from workers.local_redis import (  # noqa: F401 - re-exported for tests, bench, 
 
 ROOT = Path(__file__).resolve().parents[2]
 IN_CI = bool(os.environ.get("CI"))
+
+#: The Redis the tests use: ``PRIORITY_ROUTER_TEST_REDIS_URL``, else ``REDIS_URL`` (the one
+#: ``make demo`` reads), else the local one; a throwaway one when it does not answer.  A
+#: database number in it chooses the first of the three consecutive databases the tests
+#: use (``redis://127.0.0.1:6379/3``: 3, 4 and 5); without one they are 13, 14 and 15.
+TEST_REDIS_URL = (
+    os.environ.get("PRIORITY_ROUTER_TEST_REDIS_URL")
+    or os.environ.get("REDIS_URL")
+    or "redis://127.0.0.1:6379"
+)
+TEST_DATABASES = RedisDatabases.from_url(TEST_REDIS_URL)
+#: The router's counter store, the Celery broker and the result backend of every test.
+COUNTER_DB, BROKER_DB, RESULTS_DB = TEST_DATABASES.numbers
+
+
+def counter_db_url(server: str) -> str:
+    """The counter store's URL on ``server`` (the ``redis_server_url`` fixture)."""
+    return TEST_DATABASES.on(server).counter
+
+
+def broker_db_url(server: str) -> str:
+    """The Celery broker's URL on ``server`` (the ``redis_server_url`` fixture)."""
+    return TEST_DATABASES.on(server).broker
+
+
+def results_db_url(server: str) -> str:
+    """The result backend's URL on ``server`` (the ``redis_server_url`` fixture)."""
+    return TEST_DATABASES.on(server).results
 
 
 def tcp_answers(url: str, default_port: int) -> bool:
