@@ -10,6 +10,7 @@ is listed, and a setting it would set is not counted as a failure either.
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -54,21 +55,20 @@ class Finding:
     fix: str = ""
 
 
-Check = Callable[..., Iterator[Finding]]
+Check = Callable[[Celery, Transport], Iterator[Finding]]
 
 
 def diagnose(app: Celery, pool: WorkerPool | None = None) -> list[Finding]:
     """Run every check that applies to ``app``'s broker, for workers running ``pool``
     (by default the app's ``worker_pool`` and ``worker_concurrency``)."""
     transport = transport_of(app)
-    pool = pool or pool_named(app.conf.worker_pool, app.conf.worker_concurrency)
+    checks: dict[str, Check] = dict(_CHECKS)
+    if pool is not None:
+        checks["prefetch"] = functools.partial(_check_prefetch, pool=pool)
     findings: list[Finding] = []
-    for name, check in _CHECKS.items():
+    for name, check in checks.items():
         try:
-            if check is _check_prefetch:
-                findings.extend(_check_prefetch(app, transport, pool))
-            else:
-                findings.extend(check(app, transport))
+            findings.extend(check(app, transport))
         except Exception as exc:
             findings.append(Finding(name, False, f"could not check: {exc}", "fix what stops the check"))
     return findings
@@ -124,9 +124,10 @@ def _check_kombu(app: Celery, transport: Transport) -> Iterator[Finding]:
         yield Finding("kombu", True, f"kombu {kombu.__version__}")
 
 
-def _check_prefetch(app: Celery, transport: Transport, pool: WorkerPool) -> Iterator[Finding]:
+def _check_prefetch(app: Celery, transport: Transport, pool: WorkerPool | None = None) -> Iterator[Finding]:
     """The values the worker's pool needs: the prefetch multiplier, and on a green pool
     with the Redis broker kombu's connection limit (``integration/pools.py``)."""
+    pool = pool or pool_named(app.conf.worker_pool, app.conf.worker_concurrency)
     router = installed_router(app)
     keys = ("worker_prefetch_multiplier", "max_connections")
     changes = [c for c in wanted_changes(app, transport, pool, applied_settings(app)) if c.key in keys]
