@@ -6,6 +6,7 @@
     priority-router tier set CLIENT [--weight W] [--shift S] [--fixed P] | tier unset CLIENT | tier list
     priority-router queues -A workers.app [--json]
     priority-router doctor -A workers.app [--json]
+    priority-router migrate QUEUE --to router|plain -A workers.app [--dry-run] [--json]
     priority-router demo
 
 The counter store comes from ``--redis-url`` or ``PRIORITY_ROUTER_REDIS_URL`` (and the
@@ -32,6 +33,7 @@ from ..redact import redact_url
 from ..router import PriorityRouter, installed_router
 from ..store.counter import CounterState
 from ..tiers import Tier
+from .migration import Target
 
 console = Console()
 
@@ -454,6 +456,72 @@ def doctor(
         console.print(f"{len(problems)} problem(s)" if problems else "no problems found")
     if problems:
         sys.exit(1)
+
+
+@main.command()
+@click.argument("queue")
+@click.option(
+    "--to",
+    "target",
+    type=click.Choice([t.value for t in Target]),
+    required=True,
+    help="router: the queue's documents are served by router workers next; plain: by plain Celery.",
+)
+@app_option
+@click.option("-b", "--broker", "broker_url", default=None, help="The broker URL, instead of -A.")
+@click.option("--dry-run", is_flag=True, help="Print what would be done; change nothing.")
+@json_option
+@click.pass_context
+def migrate(
+    ctx: click.Context,
+    queue: str,
+    target: str,
+    app_name: str | None,
+    broker_url: str | None,
+    dry_run: bool,
+    as_json: bool,
+) -> None:
+    """Move QUEUE's waiting documents between the router's layout and plain Celery's,
+    while publishers and workers run; rerun it to finish one that was cut off."""
+    from ..integration.brokers import Transport, transport_of
+    from . import migrate_rabbitmq, migrate_redis
+
+    app = _migration_app(ctx, app_name, broker_url)
+    try:
+        transport = transport_of(app)
+        if transport is Transport.REDIS:
+            report = migrate_redis.migrate(app, queue, Target(target), dry_run=dry_run)
+        else:
+            report = migrate_rabbitmq.migrate(app, queue, Target(target), dry_run=dry_run)
+    except PriorityRouterError as exc:
+        _fail(str(exc), 2)
+    except Exception as exc:
+        _fail(f"the migration of {queue!r} stopped: {exc}; fix that and run the same command again")
+    if as_json:
+        _emit_json(report.as_dict())
+        return
+    for step in report.steps:
+        click.echo(
+            f"{'would ' if report.dry_run and step.action != 'nothing to move' else ''}{step.action}: "
+            f"{step.detail}"
+        )
+    for note in report.notes:
+        click.echo(f"note: {note}")
+    if not report.dry_run and report.changed:
+        click.echo(f"{queue!r} now serves {report.target.value} workers ({report.moved} message(s) moved)")
+
+
+def _migration_app(ctx: click.Context, app_name: str | None, broker_url: str | None) -> Any:
+    name = _app_name(ctx, app_name)
+    if broker_url is not None:
+        if name is not None:
+            raise click.UsageError("give either -A / --app or -b / --broker, not both")
+        from celery import Celery
+
+        return Celery("priority-router-migrate", broker=broker_url, set_as_current=False)
+    if name is None:
+        raise click.UsageError("Missing option '-A' / '--app' (or '-b' / '--broker' with the broker URL).")
+    return _load_app(name)
 
 
 @main.command()
