@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -366,7 +367,8 @@ def queues(ctx: click.Context, app_name: str | None, as_json: bool) -> None:
     from ..integration.brokers import Transport, from_wire
     from .queues import queue_depths
 
-    app = _load_app(_required_app(ctx, app_name))
+    app_name = _required_app(ctx, app_name)
+    app = _load_app(app_name)
     try:
         depths = queue_depths(app)
     except PriorityRouterError as exc:
@@ -379,6 +381,8 @@ def queues(ctx: click.Context, app_name: str | None, as_json: bool) -> None:
                 "transport": depths.transport.value,
                 "unacked": depths.unacked,
                 "queues": [dataclasses.asdict(q) for q in depths.queues],
+                "polled_steps": depths.polled_steps,
+                "unpolled": depths.unpolled(),
             }
         )
         return
@@ -402,6 +406,13 @@ def queues(ctx: click.Context, app_name: str | None, as_json: bool) -> None:
     console.print(table)
     if depths.unacked is not None:
         console.print(f"{depths.unacked} message(s) delivered to workers and not yet acknowledged")
+    for name, waiting in depths.unpolled().items():
+        # Unwrapped, so the command can be copied whole.
+        click.echo(
+            f"{waiting} message(s) of {name!r} wait in lists this app's workers do not poll (they "
+            f"poll {depths.polled_steps}); free them with: priority-router migrate "
+            f"{shlex.quote(name)} --to plain -A {shlex.quote(app_name)}"
+        )
     if depths.transport is Transport.AMQP:
         console.print("RabbitMQ reports total depth only; AMQP has no per-priority breakdown.")
 
@@ -470,6 +481,13 @@ def doctor(
 @app_option
 @click.option("-b", "--broker", "broker_url", default=None, help="The broker URL, instead of -A.")
 @click.option("--dry-run", is_flag=True, help="Print what would be done; change nothing.")
+@click.option(
+    "--batch",
+    type=click.IntRange(min=1),
+    default=500,
+    show_default=True,
+    help="Redis: messages moved per call (each call holds Redis about a millisecond per 500).",
+)
 @json_option
 @click.pass_context
 def migrate(
@@ -479,6 +497,7 @@ def migrate(
     app_name: str | None,
     broker_url: str | None,
     dry_run: bool,
+    batch: int,
     as_json: bool,
 ) -> None:
     """Move QUEUE's waiting documents between the router's layout and plain Celery's,
@@ -490,7 +509,7 @@ def migrate(
     try:
         transport = transport_of(app)
         if transport is Transport.REDIS:
-            report = migrate_redis.migrate(app, queue, Target(target), dry_run=dry_run)
+            report = migrate_redis.migrate(app, queue, Target(target), dry_run=dry_run, batch=batch)
         else:
             report = migrate_rabbitmq.migrate(app, queue, Target(target), dry_run=dry_run)
     except PriorityRouterError as exc:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import re
+import shlex
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -249,6 +250,7 @@ def _check_stranded(app: Celery, transport: Transport) -> Iterator[Finding]:
         return
     names = set(queue_names(app))
     stranded: list[str] = []
+    queues: set[str] = set()
     with app.connection_for_read() as conn:
         channel = conn.default_channel
         prefix = channel.global_keyprefix or ""
@@ -265,7 +267,20 @@ def _check_stranded(app: Celery, transport: Transport) -> Iterator[Finding]:
                 length = int(client.llen(key))
                 if length:
                     stranded.append(f"{text!r} ({length} messages)")
-    if stranded:
+                    queues.add(name)
+    if stranded and installed_router(app) is None:
+        commands = "; ".join(
+            f"priority-router migrate {shlex.quote(q)} --to plain -A <this app>" for q in sorted(queues)
+        )
+        yield Finding(
+            "stranded",
+            False,
+            "documents wait in priority lists this app's workers do not poll (a router queued them; "
+            "this app runs without it): " + ", ".join(stranded),
+            f"switching the router off: move them into lists its workers poll, while they run "
+            f"({commands}); switching it on: install it in this app's workers too",
+        )
+    elif stranded:
         yield Finding(
             "stranded",
             False,

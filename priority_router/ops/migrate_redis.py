@@ -25,7 +25,7 @@ from ..router import installed_router
 from .migration import MigrationReport, Target
 
 SCRIPT = (Path(__file__).parent / "lua" / "move_to_plain.lua").read_text()
-#: Messages one script call moves at most: Redis is held about a millisecond per call.
+#: Messages one script call moves at most by default.
 BATCH = 500
 
 
@@ -94,7 +94,9 @@ class RedisQueue:
             yield str(routing_key)
 
 
-def migrate(app: Celery, queue: str, target: Target, dry_run: bool = False) -> MigrationReport:
+def migrate(
+    app: Celery, queue: str, target: Target, dry_run: bool = False, batch: int = BATCH
+) -> MigrationReport:
     report = MigrationReport(queue, "redis", target, dry_run)
     if target is Target.ROUTER:
         report.step(
@@ -118,7 +120,7 @@ def migrate(app: Celery, queue: str, target: Target, dry_run: bool = False) -> M
                 report.step("move", f"{waiting} message(s) from lists {names} into list {into}", 0)
                 report.changed = True
                 continue
-            moved = _move(lists, into, sources)
+            moved = _move(lists, into, sources, batch)
             report.changed = report.changed or moved > 0
             report.step("moved", f"{moved} message(s) from lists {names} into list {into}", moved)
         if not report.changed:
@@ -138,10 +140,10 @@ def migrate(app: Celery, queue: str, target: Target, dry_run: bool = False) -> M
     return report
 
 
-def _move(lists: RedisQueue, into: int, sources: list[int]) -> int:
+def _move(lists: RedisQueue, into: int, sources: list[int], batch: int) -> int:
     script: Any = lists.client.register_script(SCRIPT)
     keys = [lists.key(into), *(lists.key(s) for s in sources)]
     total = 0
-    while moved := int(script(keys=keys, args=[BATCH])):
+    while moved := int(script(keys=keys, args=[batch])):
         total += moved
     return total

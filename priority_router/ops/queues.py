@@ -34,6 +34,16 @@ class BrokerDepths:
     queues: list[QueueDepth]
     #: Redis: messages delivered to workers and not yet acknowledged (all queues).
     unacked: int | None = None
+    #: Redis: the priority steps this app's workers poll.
+    polled_steps: list[int] = field(default_factory=list)
+
+    def unpolled(self) -> dict[str, int]:
+        """Redis: per queue, the messages waiting in lists this app's workers do not poll."""
+        waiting = {
+            q.queue: sum(n for step, n in q.by_priority.items() if step not in self.polled_steps)
+            for q in self.queues
+        }
+        return {name: n for name, n in waiting.items() if n}
 
 
 def queue_depths(app: Celery) -> BrokerDepths:
@@ -64,7 +74,9 @@ def _redis_depths(app: Celery, names: list[str]) -> BrokerDepths:
         counts = replies[i * len(steps) : (i + 1) * len(steps)]
         by_step = {step: int(n) for step, n in zip(steps, counts, strict=True)}
         depths.append(QueueDepth(name, sum(by_step.values()), by_step))
-    return BrokerDepths(Transport.REDIS, depths, unacked=int(replies[-1]))
+    return BrokerDepths(
+        Transport.REDIS, depths, unacked=int(replies[-1]), polled_steps=list(channel.priority_steps)
+    )
 
 
 def _amqp_depths(app: Celery, names: list[str]) -> BrokerDepths:

@@ -67,3 +67,18 @@ def reject_once(self: Task, client_id: str) -> dict[str, Any]:
     router = installed_router(self.app)
     assert router is not None and router.inflight is not None
     return {**_seen(self), "in_flight": router.redis.llen(router.inflight.key(client_id))}
+
+
+@shared_task(bind=True, name="tests.count_run")
+def count_run(self: Task, client_id: str | None = None) -> None:
+    """Counts each run of a document by its id in ``RUNS_KEY`` (a hash in ``RUNS_REDIS_URL``),
+    so a test sees a document that ran twice or never."""
+    import os
+
+    import redis
+
+    client = redis.Redis.from_url(os.environ["RUNS_REDIS_URL"])
+    try:
+        client.hincrby(os.environ["RUNS_KEY"], self.request.id, 1)
+    finally:
+        client.close()
