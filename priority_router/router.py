@@ -27,6 +27,7 @@ from .store.connection import make_client
 from .store.counter import Counter, CounterState
 from .store.inflight import InflightCounter
 from .store.keys import normalize_client_id
+from .store.schema import SchemaMismatch, StoreSchema
 from .store.tier_store import TierStore
 from .tiers import Tier, decode
 
@@ -95,6 +96,8 @@ class PriorityRouter:
             if config.mode == "inflight"
             else None
         )
+        #: The store's schema marker, checked before the store is counted in or read.
+        self.schema = StoreSchema(redis_client, config.key_prefix)
         #: Per-client tiers and the default tier (``tiers.py``).
         self.tier_store = TierStore(redis_client, config.key_prefix)
         self._bad_tiers: set[str] = set()
@@ -140,7 +143,7 @@ class PriorityRouter:
         client = self._client(client_id)
         if self.inflight is not None:
             task_id = _task_id(task_id)
-        with _store_errors("count", client):
+        with self._store("count", client):
             tiered = self._tiered()
             pending, stored = self._count(client, task_id, tiered)
         return self._decision(client, pending, stored, tiered)
@@ -153,8 +156,25 @@ class PriorityRouter:
         if self.inflight is None:
             raise ConfigurationError("mode", "end() counts finished documents", 'use mode="inflight"')
         client = self._client(client_id)
-        with _store_errors("end", client):
+        with self._store("end", client):
             return self.inflight.end(client, _task_id(task_id))
+
+    def end_quietly(self, client_id: str, task_id: str) -> bool:
+        """Like :meth:`end` for a worker's signal handlers: never raises.  When the store
+        fails, nothing is ended and the store is left alone for ``cooldown``."""
+        inflight = self.inflight
+        if inflight is None or not self._breaker.allow():
+            return False
+        try:
+            self.schema.check()
+            ended = inflight.end(client_id, task_id)
+        except SchemaMismatch:
+            return False
+        except Exception as exc:
+            self._breaker.failure(exc)
+            return False
+        self._breaker.success()
+        return ended
 
     def record_many(self, client_id: object, n: int) -> list[Decision]:
         """``n`` counted submissions for ``client_id`` in one Redis round trip: exactly the
@@ -165,7 +185,7 @@ class PriorityRouter:
         client = self._client(client_id)
         count = _batch_size(n)
         self._no_inflight_batch()
-        with _store_errors("count", client):
+        with self._store("count", client):
             tiered = self._tiered()
             pendings, stored = self.counter.check_many_and_tier(client, count, tiered)
         return [self._decision(client, p, stored, tiered) for p in pendings]
@@ -198,7 +218,7 @@ class PriorityRouter:
         """The client's current pending count and priority, without counting."""
         state = self.state(client_id)
         stored = None
-        with _store_errors("read the tier of", state.client_id):
+        with self._store("read the tier of", state.client_id):
             tiered = self._tiered()
             if tiered:
                 stored = self.tier_store.stored(state.client_id)
@@ -207,7 +227,7 @@ class PriorityRouter:
     def reset(self, client_id: object) -> bool:
         """Forget one client's count (its next document is checked at 0); True if it had one."""
         client = self._client(client_id)
-        with _store_errors("reset", client):
+        with self._store("reset", client):
             return self.store.clear(client)
 
     def decide(self, client_id: str, task_id: str | None = None) -> Decision:
@@ -226,8 +246,11 @@ class PriorityRouter:
         metrics = self.metrics
         started = time.perf_counter() if metrics is not None else 0.0
         try:
+            self.schema.check()
             tiered = self._tiered()
             pending, stored = self._count(client_id, task_id, tiered)
+        except SchemaMismatch:
+            return self._fail_open(client_id)
         except Exception as exc:
             self._breaker.failure(exc)
             return self._fail_open(client_id)
@@ -242,8 +265,11 @@ class PriorityRouter:
         if n == 0 or not self._breaker.allow():
             return fail_open
         try:
+            self.schema.check()
             tiered = self._tiered()
             pendings, stored = self.counter.check_many_and_tier(client_id, n, tiered)
+        except SchemaMismatch:
+            return fail_open
         except Exception as exc:
             self._breaker.failure(exc)
             return fail_open
@@ -253,7 +279,7 @@ class PriorityRouter:
     def state(self, client_id: object) -> CounterState:
         """What the counter store holds for one client (count and time to its reset)."""
         client = self._client(client_id)
-        with _store_errors("read", client):
+        with self._store("read", client):
             return self.store.read(client)
 
     # -- tiers ------------------------------------------------------------------------
@@ -266,20 +292,20 @@ class PriorityRouter:
         Raises :class:`ConfigurationError` for bad values, before anything is stored."""
         client = self._client(client_id)
         tier = Tier(weight, shift, fixed)
-        with _store_errors("set the tier of", client):
+        with self._store("set the tier of", client):
             self.tier_store.set(client, tier)
         return tier
 
     def unset_tier(self, client_id: object) -> bool:
         """Remove the client's own tier (the default tier applies again); True if it had one."""
         client = self._client(client_id)
-        with _store_errors("unset the tier of", client):
+        with self._store("unset the tier of", client):
             return self.tier_store.unset(client)
 
     def tier(self, client_id: object) -> Tier | None:
         """The client's own tier, None when it has none."""
         client = self._client(client_id)
-        with _store_errors("read the tier of", client):
+        with self._store("read the tier of", client):
             return self.tier_store.get(client)
 
     def tiers(self) -> dict[str, Tier]:
@@ -287,7 +313,7 @@ class PriorityRouter:
         in a form this version cannot read raises :class:`ConfigurationError` naming it."""
         found: dict[str, Tier] = {}
         self.follow_apps()
-        with _store_errors("list the tiers of", "every client"):
+        with self._store("list the tiers of", "every client"):
             for client, tier in self.tier_store.scan():
                 if isinstance(tier, ConfigurationError):
                     raise ConfigurationError(f"the tier of {client!r}", tier.problem, tier.fix)
@@ -305,18 +331,18 @@ class PriorityRouter:
                 "give weight, shift or fixed; to remove the default tier, call unset_default_tier()",
             )
         self.follow_apps()
-        with _store_errors("set the default tier for", "every client"):
+        with self._store("set the default tier for", "every client"):
             self.tier_store.set_default(tier)
         return tier
 
     def unset_default_tier(self) -> bool:
         self.follow_apps()
-        with _store_errors("unset the default tier for", "every client"):
+        with self._store("unset the default tier for", "every client"):
             return self.tier_store.unset_default()
 
     def default_tier(self) -> Tier | None:
         self.follow_apps()
-        with _store_errors("read the default tier for", "every client"):
+        with self._store("read the default tier for", "every client"):
             return self.tier_store.get_default()
 
     def _count(self, client: str, task_id: str | None, tiered: bool) -> tuple[int, Any]:
@@ -386,6 +412,14 @@ class PriorityRouter:
         if client is None:
             raise ValueError(f"{client_id!r} is not a client id: use a non-empty string or a number")
         return client
+
+    @contextlib.contextmanager
+    def _store(self, what: str, client: str) -> Iterator[None]:
+        """An explicit call's use of the store: refused when the store is another
+        release's (:class:`SchemaMismatch`), Redis failures as :class:`CounterUnavailable`."""
+        with _store_errors(what, client):
+            self.schema.check()
+            yield
 
     # -- Celery -----------------------------------------------------------------------
 

@@ -75,16 +75,7 @@ def end_document(router: PriorityRouter, fields: Any, task_id: object) -> bool:
     client = normalize_client_id(_field(fields, router.config.client_id_header))
     if client is None:
         return False
-    breaker = router._breaker
-    if not breaker.allow():
-        return False
-    try:
-        ended = inflight.end(client, task_id)
-    except Exception as exc:
-        breaker.failure(exc)
-        return False
-    breaker.success()
-    return ended
+    return router.end_quietly(client, task_id)
 
 
 def _field(fields: Any, name: str) -> Any:

@@ -41,6 +41,7 @@ from ..redact import redact_url
 from ..router import installed_router
 from ..store.connection import is_cluster
 from ..store.keys import glob_escape
+from ..store.schema import SCHEMA, SchemaMismatch
 from .queues import queue_depths
 
 #: kombu before 5.4 drops a message's priority when it restores an unacked message.
@@ -440,6 +441,12 @@ def _check_counter(app: Celery, transport: Transport) -> Iterator[Finding]:
         return
     kind = "Redis Cluster" if cluster else "Redis"
     yield Finding("counter store", True, f"{kind} {version} at {where} answers in {took * 1000:.1f} ms")
+    try:
+        router.schema.check()
+    except SchemaMismatch as exc:
+        yield Finding("schema", False, exc.problem, exc.fix)
+    else:
+        yield Finding("schema", True, f"the store at {where} is laid out by schema {SCHEMA}, this release's")
 
 
 def _check_consumers(app: Celery, transport: Transport) -> Iterator[Finding]:

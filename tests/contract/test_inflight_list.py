@@ -103,7 +103,7 @@ def test_every_list_has_the_idle_reset(client: redis.Redis, key_prefix: str) -> 
         router.record(f"c{n % 4}", d)
     for n, d in enumerate(docs[:10]):
         router.end(f"c{n % 4}", d)
-    ttls = [client.pttl(k) for k in client.scan_iter(match=key_prefix + "*")]
+    ttls = [client.pttl(k) for k in client.scan_iter(match=key_prefix + "{*")]
     assert len(ttls) == 4 and all(0 < ttl <= 30_000 for ttl in ttls)
 
 

@@ -48,7 +48,7 @@ def test_every_odd_id_publishes_and_stays_its_own_client(
     assert reasons.count("counted") == len(COUNTED)
     assert reasons.count("no-client") == len(NOT_AN_ID)
 
-    keys = [k.decode() for k in real_redis.scan_iter(match=key_prefix + "*")]
+    keys = [k.decode() for k in real_redis.scan_iter(match=key_prefix + "{*")]
     assert len(keys) == len(COUNTED)  # distinct ids, distinct clients
     for key in keys:
         assert len(key) <= len(key_prefix) + 2 + 64 + 1

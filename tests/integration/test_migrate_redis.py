@@ -237,3 +237,24 @@ def test_queues_and_doctor_on_a_plain_app_find_stranded_documents_and_name_the_c
     migrate(broker_db_url(redis_server_url), queue, "--to", "plain")
     again = json.loads(runner.invoke(main, ["doctor", "-A", plain_app, "--json"]).output)
     assert next(f for f in again if f["check"] == "stranded")["ok"]
+
+
+def test_doctor_fails_on_a_store_of_another_schema(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, redis_server_url: str, key_prefix: str
+) -> None:
+    monkeypatch.syspath_prepend(str(tmp_path))
+    name = f"routed_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text(
+        "from celery import Celery\nfrom priority_router import PriorityRouter\n"
+        f"app = Celery({name!r}, broker={broker_db_url(redis_server_url)!r})\n"
+        f"PriorityRouter({counter_db_url(redis_server_url)!r}, key_prefix={key_prefix!r}).install(app)\n"
+    )
+    store = redis.Redis.from_url(counter_db_url(redis_server_url))
+    store.set(f"{key_prefix}schema", "7")
+    try:
+        findings = json.loads(CliRunner().invoke(main, ["doctor", "-A", name, "--json"]).output)
+    finally:
+        store.delete(f"{key_prefix}schema")
+        store.close()
+    (schema,) = [f for f in findings if f["check"] == "schema"]
+    assert not schema["ok"] and "schema 7" in schema["detail"] and "new key_prefix" in schema["fix"]

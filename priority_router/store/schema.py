@@ -1,0 +1,95 @@
+"""The counter store's schema marker: which layout of keys a store holds.
+
+A router claims the store on its first use (``SET <prefix>schema <ours> NX``) and reads
+the marker back.  A store marked with a schema this release does not read is refused:
+the router counts nothing there (publishes fail open) rather than misread another
+release's keys.  A release that changes the layout raises :data:`SCHEMA`; the upgrade
+rule is in the CHANGELOG and the README ("Upgrading").
+
+Schema 1 is the layout of 0.1.0, which wrote no marker: a store without one is taken to
+be schema 1 and marked so.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+import redis
+
+from ..errors import ConfigurationError
+
+logger = logging.getLogger("priority_router")
+
+#: The layout this release reads and writes.
+SCHEMA = 1
+#: Layouts this release reads and writes as its own.
+READABLE = frozenset({1})
+#: Seconds between re-reads of the marker (a store that was flushed is marked again).
+RECHECK_SECONDS = 60.0
+
+
+def schema_key(prefix: str) -> str:
+    return f"{prefix}schema"
+
+
+class SchemaMismatch(ConfigurationError):
+    """The store holds a layout this release does not read."""
+
+    def __init__(self, key: str, found: str) -> None:
+        self.key = key
+        self.found = found
+        super().__init__(
+            "key_prefix",
+            f"the counter store's keys under {key!r} are laid out by schema {found}, and this "
+            f"release of priority-router reads schema {SCHEMA} only, so it counts nothing there and "
+            "every document gets the default priority",
+            "give this release a store of its own during the upgrade: a new key_prefix "
+            "(PRIORITY_ROUTER_KEY_PREFIX, e.g. 'priority-router:v2:') on every publisher and worker "
+            "of this release, and copy your tiers (priority-router tier list --json under the old "
+            "prefix, tier set under the new one); or run the release that wrote schema "
+            f"{found} everywhere",
+        )
+
+
+class StoreSchema:
+    """Claims and checks one store's marker, at most every :data:`RECHECK_SECONDS`."""
+
+    def __init__(self, client: redis.Redis, prefix: str, clock: Callable[[], float] = time.monotonic) -> None:
+        self._redis = client
+        self.key = schema_key(prefix)
+        self._clock = clock
+        self._checked_at: float | None = None
+        self._refused: SchemaMismatch | None = None
+        self._lock = threading.Lock()
+
+    def check(self) -> None:
+        """Raise :class:`SchemaMismatch` when the store is another release's (logged once, as
+        an ERROR); Redis errors propagate.  Costs a round trip only when a re-check is due."""
+        checked = self._checked_at
+        if checked is not None and self._clock() - checked < RECHECK_SECONDS:
+            if self._refused is not None:
+                raise self._refused
+            return
+        with self._lock:
+            found = self._claim()
+            refused = None if found in {str(v) for v in READABLE} else SchemaMismatch(self.key, found)
+            if refused is not None and self._refused is None:
+                logger.error("priority-router: %s", refused)
+            elif refused is None and self._refused is not None:
+                logger.info("priority-router: the store %r is schema %s again; counting", self.key, found)
+            self._refused = refused
+            self._checked_at = self._clock()
+        if refused is not None:
+            raise refused
+
+    def _claim(self) -> str:
+        with self._redis.pipeline(transaction=False) as pipe:
+            pipe.set(self.key, SCHEMA, nx=True)
+            pipe.get(self.key)
+            _, found = pipe.execute()
+        if isinstance(found, bytes):
+            return found.decode(errors="replace")
+        return str(found)
