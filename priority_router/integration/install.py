@@ -35,7 +35,7 @@ from .. import headers as H
 from ..config import celery_values, unknown_celery_settings
 from ..errors import ConfigurationError
 from ..redact import redact_url
-from .brokers import Transport, transport_of
+from .brokers import Transport, logical_from_wire, transport_of
 from .celery_settings import Change, apply_changes, describe, first_time, wanted_changes, warn_kept
 from .consumers import ConsumerWatch
 from .endings import unwatch_endings, watch_endings
@@ -405,23 +405,41 @@ def _on_task_received(sender: Any = None, request: Any = None, **_: Any) -> None
 
 
 def _warn_unpriced(request: Any, dry_run: bool, transport: Transport | None) -> None:
+    wire = (getattr(request, "delivery_info", None) or {}).get("priority")
     logger.warning(
         "priority-router: task %s (id %s) arrived on queue %r without a priority-router decision: "
         "the process that published it has no router installed, so %s. Fix: install the router in "
         "the publishing app too (PriorityRouter(...).install(app) where that Celery app is created); "
-        "until then, task_default_priority = 5 in that app serves its documents among the routed "
-        "priority-5 ones",
+        "until then, %s",
         getattr(request, "name", "?"),
         getattr(request, "id", "?"),
         _queue_of(request),
-        unpriced_effect(transport, dry_run),
+        unpriced_effect(transport, dry_run, wire if isinstance(wire, int) else None),
+        STOPGAP,
     )
 
 
-def unpriced_effect(transport: Transport | None, dry_run: bool = False) -> str:
-    """What becomes of a document published without the router, on ``transport``."""
+#: What a publisher without the router sets to be served among the routed priority-5 documents.
+STOPGAP = (
+    "publish its documents at priority 5 (task_default_priority = 5 for registered tasks, "
+    "priority=5 on send_task; on Redis also broker_transport_options['priority_steps'] = "
+    "list(range(10)) in that app, or kombu files priority 5 under 3), so they are served among "
+    "the routed priority-5 documents"
+)
+
+
+def unpriced_effect(transport: Transport | None, dry_run: bool = False, wire: int | None = None) -> str:
+    """What becomes of a document published without the router, on ``transport``; ``wire``
+    is the message priority its publisher set, if any."""
     if dry_run:
         return "its documents are not counted and this dry run does not show them"
+    if wire and transport is not None and transport is not Transport.MEMORY:
+        logical = logical_from_wire(wire, transport)
+        return (
+            f"its documents are not counted per client: they carry the fixed priority its publisher "
+            f"set (wire {wire}, the router's priority {logical}) and are served about as routed "
+            f"priority-{logical} documents are"
+        )
     if transport is Transport.REDIS:
         return (
             "its documents carry no priority and land in the queue's first list, which workers "

@@ -28,7 +28,7 @@ from ..integration.app_queues import declare_routed, queue_names
 from ..integration.brokers import AMQP_MAX_PRIORITY, Transport, transport_of
 from ..integration.celery_settings import COSTS, REDIS_PRIORITY_STEPS, Change, describe, wanted_changes
 from ..integration.consumers import FIX, blind_workers
-from ..integration.install import applied_settings, unpriced_effect
+from ..integration.install import STOPGAP, applied_settings, unpriced_effect
 from ..integration.pools import WorkerPool, pool_named
 from ..integration.rabbitmq import (
     QueueNotPriorityError,
@@ -42,7 +42,7 @@ from ..router import installed_router
 from ..store.connection import is_cluster
 from ..store.keys import glob_escape
 from ..store.schema import SCHEMA, SchemaMismatch
-from .queues import queue_depths
+from .queues import unpriced_waiting
 
 #: kombu before 5.4 drops a message's priority when it restores an unacked message.
 MIN_KOMBU = (5, 4)
@@ -297,8 +297,7 @@ def _check_unrouted(app: Celery, transport: Transport) -> Iterator[Finding]:
     """Documents waiting without any priority: their publisher has no router."""
     if transport is not Transport.REDIS:
         return
-    depths = queue_depths(app)
-    waiting = {q.queue: q.by_priority.get(0, 0) for q in depths.queues if q.by_priority.get(0, 0)}
+    waiting = unpriced_waiting(app, queue_names(app))
     if not waiting:
         yield Finding("unrouted", True, "no waiting document lacks a priority")
         return
@@ -308,7 +307,7 @@ def _check_unrouted(app: Celery, transport: Transport) -> Iterator[Finding]:
         False,
         f"documents published without the router wait now ({shown}): " + unpriced_effect(transport),
         "install the router in every publishing app (PriorityRouter(...).install(app)); until then, "
-        "task_default_priority = 5 there serves them among the routed priority-5 documents",
+        + STOPGAP,
     )
 
 

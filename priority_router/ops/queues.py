@@ -8,10 +8,12 @@ queue's total depth; AMQP has no per-priority breakdown.
 from __future__ import annotations
 
 import contextlib
+import json
 from dataclasses import dataclass, field
 
 from celery import Celery
 
+from .. import headers as H
 from ..integration.app_queues import queue_names
 from ..integration.brokers import Transport, transport_of
 from ..integration.celery_settings import REDIS_PRIORITY_STEPS
@@ -95,3 +97,32 @@ def _amqp_depths(app: Celery, names: list[str]) -> BrokerDepths:
                 with contextlib.suppress(Exception):
                     channel.close()
     return BrokerDepths(Transport.AMQP, depths)
+
+
+#: Messages of a queue's first list that :func:`unpriced_waiting` reads at most.
+SAMPLE = 1000
+
+
+def unpriced_waiting(app: Celery, names: list[str]) -> dict[str, int]:
+    """Redis: per queue, the documents in its first list (step 0) that no router priced.
+
+    ``max_wait`` moves overdue routed documents into that list too, so its length alone
+    does not say; the oldest :data:`SAMPLE` messages (served next) are read and counted
+    by their ``priority_router_reason`` header."""
+    found: dict[str, int] = {}
+    with app.connection_for_read() as conn:
+        channel = conn.default_channel
+        client = channel.client
+        for name in names:
+            count = sum(1 for raw in client.lrange(name, -SAMPLE, -1) if not _priced(raw))
+            if count:
+                found[name] = count
+    return found
+
+
+def _priced(raw: bytes | str) -> bool:
+    try:
+        headers = json.loads(raw).get("headers") or {}
+    except (ValueError, AttributeError):
+        return False
+    return isinstance(headers, dict) and H.REASON in headers

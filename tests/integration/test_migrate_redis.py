@@ -258,3 +258,21 @@ def test_doctor_fails_on_a_store_of_another_schema(
         store.close()
     (schema,) = [f for f in findings if f["check"] == "schema"]
     assert not schema["ok"] and "schema 7" in schema["detail"] and "new key_prefix" in schema["fix"]
+
+
+def test_doctor_counts_as_unrouted_only_documents_no_router_priced(
+    broker: redis.Redis, queue: str, plain_app: str
+) -> None:
+    # max_wait moves overdue routed documents into the first list too.
+    promoted = {"headers": {"priority_router_reason": "counted"}, "body": ""}
+    broker.lpush(queue, json.dumps(promoted), json.dumps({"headers": {}, "body": ""}), json.dumps(promoted))
+
+    findings = json.loads(CliRunner().invoke(main, ["doctor", "-A", plain_app, "--json"]).output)
+
+    (unrouted,) = [f for f in findings if f["check"] == "unrouted"]
+    assert not unrouted["ok"] and f"(1 in '{queue}')" in unrouted["detail"]
+    assert "priority_steps" in unrouted["fix"] and "priority=5 on send_task" in unrouted["fix"]
+    broker.delete(queue)
+    broker.lpush(queue, json.dumps(promoted))
+    again = json.loads(CliRunner().invoke(main, ["doctor", "-A", plain_app, "--json"]).output)
+    assert next(f for f in again if f["check"] == "unrouted")["ok"]

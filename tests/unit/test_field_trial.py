@@ -205,3 +205,11 @@ def test_flowers_list_shows_the_decision_first() -> None:
     plain = SimpleNamespace(kwargs="{'document_id': 'd1'}")
     assert format_task(plain).kwargs == "{'document_id': 'd1'}"
     assert format_task(SimpleNamespace(kwargs=None)).kwargs is None
+
+
+def test_the_unpriced_warning_tells_a_fixed_priority_from_none() -> None:
+    fixed = unpriced_effect(Transport.REDIS, wire=5)
+    assert "fixed priority" in fixed and "priority-5" in fixed and "before every" not in fixed
+    assert "priority-5" in unpriced_effect(Transport.AMQP, wire=5)
+    assert "priority-2" in unpriced_effect(Transport.AMQP, wire=8)
+    assert "before every routed document" in unpriced_effect(Transport.REDIS, wire=0)
