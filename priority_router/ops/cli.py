@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import shlex
 import sys
@@ -506,6 +507,12 @@ def migrate(
     from . import migrate_rabbitmq, migrate_redis
 
     app = _migration_app(ctx, app_name, broker_url)
+    # Each step is printed as it happens (on stderr, so --json output stays one document).
+    steps = logging.StreamHandler(sys.stderr)
+    steps.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+    log = logging.getLogger("priority_router.migrate")
+    log.addHandler(steps)
+    log.setLevel(logging.INFO)
     try:
         transport = transport_of(app)
         if transport is Transport.REDIS:
@@ -516,14 +523,11 @@ def migrate(
         _fail(str(exc), 2)
     except Exception as exc:
         _fail(f"the migration of {queue!r} stopped: {exc}; fix that and run the same command again")
+    finally:
+        log.removeHandler(steps)
     if as_json:
         _emit_json(report.as_dict())
         return
-    for step in report.steps:
-        click.echo(
-            f"{'would ' if report.dry_run and step.action != 'nothing to move' else ''}{step.action}: "
-            f"{step.detail}"
-        )
     for note in report.notes:
         click.echo(f"note: {note}")
     if not report.dry_run and report.changed:

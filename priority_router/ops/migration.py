@@ -52,8 +52,12 @@ class MigrationReport:
         """Record a step and log it as it happens (a dry run logs what it would do)."""
         done = Step(action, detail, messages)
         self.steps.append(done)
-        logger.info("migrate %s: %s%s: %s", self.queue, "(dry run) " if self.dry_run else "", action, detail)
+        logger.info("migrate %s: %s", self.queue, self.describe(done))
         return done
+
+    def describe(self, step: Step) -> str:
+        would = self.dry_run and step.action != "nothing to move"
+        return f"{'would ' if would else ''}{step.action}: {step.detail}"
 
     def as_dict(self) -> dict[str, Any]:
         return {

@@ -55,7 +55,7 @@ def depths(client: redis.Redis, queue: str) -> dict[int, int]:
 def migrate(broker_url: str, *args: str) -> dict[str, object]:
     result = CliRunner().invoke(main, ["migrate", *args, "-b", broker_url, "--json"])
     assert result.exit_code == 0, result.output
-    return json.loads(result.output)  # type: ignore[no-any-return]
+    return json.loads(result.stdout)  # type: ignore[no-any-return]
 
 
 def serving_order(client: redis.Redis, name: str) -> list[str]:
