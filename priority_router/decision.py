@@ -25,9 +25,12 @@ class Decision:
     """
 
     client_id: str | None
-    pending: int | None
+    #: The count the document was checked at: minus the costs counted before it.
+    pending: int | float | None
     priority: int
     reason: Reason = Reason.COUNTED
     #: The tier that adjusted the priority (``"client: weight=2"``, ``"default: fixed=9"``),
     #: None when the threshold table alone decided.
     tier: str | None = None
+    #: What the document counted (``record(..., cost=)``, the ``priority_router_cost`` header).
+    cost: int | float = 1

@@ -24,6 +24,7 @@ from .integration.publish import PublishReceiver
 from .redact import redact_url
 from .store.breaker import CircuitBreaker
 from .store.connection import make_client
+from .store.costs import ONE, CostsInUse, InvalidCost, as_count, cost_units
 from .store.counter import Counter, CounterState
 from .store.inflight import InflightCounter
 from .store.keys import normalize_client_id
@@ -101,6 +102,9 @@ class PriorityRouter:
         #: Per-client tiers and the default tier (``tiers.py``).
         self.tier_store = TierStore(redis_client, config.key_prefix)
         self._bad_tiers: set[str] = set()
+        self._bad_costs: set[object] = set()
+        #: Whether any costed document has been counted under the prefix (``store/costs.py``).
+        self.costs_in_use = CostsInUse(redis_client, config.key_prefix)
         #: The store the mode counts in: what ``peek``, ``state``, ``reset`` and the CLI read.
         self.store: Counter | InflightCounter = self.inflight or self.counter
         self.policy = config.thresholds
@@ -132,42 +136,50 @@ class PriorityRouter:
 
     # -- the counter ------------------------------------------------------------------
 
-    def record(self, client_id: object, task_id: str | None = None) -> Decision:
-        """One counted submission for ``client_id``: the new pending count and its priority.
+    def record(self, client_id: object, task_id: str | None = None, *, cost: float = 1) -> Decision:
+        """One counted submission for ``client_id`` of ``cost`` (pages, megabytes, expected
+        seconds: any positive unit, 1 by default): the pending count it is checked at (minus
+        the costs counted before it) and its priority.
 
         In ``mode="inflight"`` the document's ``task_id`` is required (it is what
         :meth:`end` takes off again) and ignored otherwise.  Raises
-        :class:`CounterUnavailable` when Redis cannot answer and ``ValueError`` when
+        :class:`CounterUnavailable` when Redis cannot answer, :class:`InvalidCost` for a
+        cost that is not a positive finite number up to a million, and ``ValueError`` when
         ``client_id`` cannot be a client id (None, empty, a container).
         """
         client = self._client(client_id)
+        units = cost_units(cost)
         if self.inflight is not None:
             task_id = _task_id(task_id)
         with self._store("count", client):
             tiered = self._tiered()
-            pending, stored = self._count(client, task_id, tiered)
-        return self._decision(client, pending, stored, tiered)
+            pending, stored = self._count(client, task_id, tiered, units)
+        return self._decision(client, pending, stored, tiered, units)
 
-    def end(self, client_id: object, task_id: str) -> bool:
-        """``mode="inflight"``: document ``task_id`` of ``client_id`` is finished; True when
-        this call ended it (a document is ended at most once).  Installed workers call it
-        for every counted document; call it yourself only for documents that run elsewhere.
+    def end(self, client_id: object, task_id: str, *, cost: float = 1) -> bool:
+        """``mode="inflight"``: document ``task_id`` of ``client_id``, published at ``cost``,
+        is finished: its cost is given back; True when this call ended it (a document is
+        ended at most once).  Installed workers call it for every counted document, with
+        the cost its headers carry; call it yourself only for documents that run elsewhere.
         """
         if self.inflight is None:
             raise ConfigurationError("mode", "end() counts finished documents", 'use mode="inflight"')
         client = self._client(client_id)
+        units = cost_units(cost)
         with self._store("end", client):
-            return self.inflight.end(client, _task_id(task_id))
+            return self.inflight.end(client, _task_id(task_id), units, self.costs_in_use())
 
-    def end_quietly(self, client_id: str, task_id: str) -> bool:
+    def end_quietly(self, client_id: str, task_id: str, cost: object = None) -> bool:
         """Like :meth:`end` for a worker's signal handlers: never raises.  When the store
-        fails, nothing is ended and the store is left alone for ``cooldown``."""
+        fails, nothing is ended and the store is left alone for ``cooldown``; a cost that
+        cannot be one (``None``: none given) is taken as 1, as its publish took it."""
         inflight = self.inflight
         if inflight is None or not self._breaker.allow():
             return False
+        units = self._units_or_one(cost, client_id)
         try:
             self.schema.check()
-            ended = inflight.end(client_id, task_id)
+            ended = inflight.end(client_id, task_id, units, self.costs_in_use())
         except SchemaMismatch:
             return False
         except Exception as exc:
@@ -176,22 +188,23 @@ class PriorityRouter:
         self._breaker.success()
         return ended
 
-    def record_many(self, client_id: object, n: int) -> list[Decision]:
-        """``n`` counted submissions for ``client_id`` in one Redis round trip: exactly the
-        decisions ``n`` calls of :meth:`record` would give, in order.
+    def record_many(self, client_id: object, n: int, *, cost: float = 1) -> list[Decision]:
+        """``n`` counted submissions for ``client_id``, each of ``cost``, in one Redis round
+        trip: exactly the decisions ``n`` calls of :meth:`record` would give, in order.
 
         Raises like :meth:`record`, and ``ValueError`` when ``n`` is not a whole number >= 0.
         """
         client = self._client(client_id)
         count = _batch_size(n)
+        units = cost_units(cost)
         self._no_inflight_batch()
         with self._store("count", client):
             tiered = self._tiered()
-            pendings, stored = self.counter.check_many_and_tier(client, count, tiered)
-        return [self._decision(client, p, stored, tiered) for p in pendings]
+            pendings, stored = self.counter.count(client, count, units, tiered, self._costs(units))
+        return [self._decision(client, p, stored, tiered, units) for p in pendings]
 
     @contextlib.contextmanager
-    def batch(self, client_id: object, n: int) -> Iterator[Batch]:
+    def batch(self, client_id: object, n: int, *, cost: float = 1) -> Iterator[Batch]:
         """Count ``n`` documents of one client in one round trip, for the publishes inside
         the block::
 
@@ -202,11 +215,13 @@ class PriorityRouter:
         next reserved decision, so the documents get exactly the priorities they would have
         got one by one.  Publishes beyond ``n`` are counted as usual; reserved decisions the
         block leaves unused still count (a WARNING says so).  When the counter store fails,
-        the batch's documents get ``default_priority``, as single publishes do.
+        the batch's documents get ``default_priority``, as single publishes do.  Each
+        document counts ``cost``.
         """
         client = self._client(client_id)
         self._no_inflight_batch()
-        reserved = Batch(client, self.decide_many(client, _batch_size(n)))
+        cost_units(cost)  # a bad cost is an error here, before anything is counted
+        reserved = Batch(client, self.decide_many(client, _batch_size(n), cost))
         token = current_batch.set(reserved)
         try:
             yield reserved
@@ -230,9 +245,10 @@ class PriorityRouter:
         with self._store("reset", client):
             return self.store.clear(client)
 
-    def decide(self, client_id: str, task_id: str | None = None) -> Decision:
+    def decide(self, client_id: str, task_id: str | None = None, cost: object = None) -> Decision:
         """Like :meth:`record`, but never raises: when the counter store fails the
-        decision is ``default_priority`` and the store is left alone for ``cooldown``.
+        decision is ``default_priority`` and the store is left alone for ``cooldown``; a
+        cost that cannot be one is logged once and counted as 1 (``None``: none given).
         """
         batch = current_batch.get()
         if batch is not None:
@@ -243,12 +259,13 @@ class PriorityRouter:
             return self._fail_open(client_id)
         if self.inflight is not None and not (isinstance(task_id, str) and task_id):
             return self._fail_open(client_id)  # nothing to end it by (Celery always gives an id)
+        units = self._units_or_one(cost, client_id)
         metrics = self.metrics
         started = time.perf_counter() if metrics is not None else 0.0
         try:
             self.schema.check()
             tiered = self._tiered()
-            pending, stored = self._count(client_id, task_id, tiered)
+            pending, stored = self._count(client_id, task_id, tiered, units)
         except SchemaMismatch:
             return self._fail_open(client_id)
         except Exception as exc:
@@ -257,24 +274,25 @@ class PriorityRouter:
         if metrics is not None:
             metrics.counter_seconds.observe(time.perf_counter() - started)
         self._breaker.success()
-        return self._decision(client_id, pending, stored, tiered)
+        return self._decision(client_id, pending, stored, tiered, units)
 
-    def decide_many(self, client_id: str, n: int) -> list[Decision]:
+    def decide_many(self, client_id: str, n: int, cost: object = None) -> list[Decision]:
         """Like :meth:`record_many`, but never raises (see :meth:`decide`)."""
         fail_open = [self._fail_open(client_id)] * n
         if n == 0 or not self._breaker.allow():
             return fail_open
+        units = self._units_or_one(cost, client_id)
         try:
             self.schema.check()
             tiered = self._tiered()
-            pendings, stored = self.counter.check_many_and_tier(client_id, n, tiered)
+            pendings, stored = self.counter.count(client_id, n, units, tiered, self._costs(units))
         except SchemaMismatch:
             return fail_open
         except Exception as exc:
             self._breaker.failure(exc)
             return fail_open
         self._breaker.success()
-        return [self._decision(client_id, p, stored, tiered) for p in pendings]
+        return [self._decision(client_id, p, stored, tiered, units) for p in pendings]
 
     def state(self, client_id: object) -> CounterState:
         """What the counter store holds for one client (count and time to its reset)."""
@@ -345,41 +363,67 @@ class PriorityRouter:
         with self._store("read the default tier for", "every client"):
             return self.tier_store.get_default()
 
-    def _count(self, client: str, task_id: str | None, tiered: bool) -> tuple[int, Any]:
-        """One counted document in the mode's store: the pending count, and the client's
-        stored tier when ``tiered`` (read in the same transaction), else None."""
+    def _count(
+        self, client: str, task_id: str | None, tiered: bool, units: int = ONE
+    ) -> tuple[int | float, Any]:
+        """One counted document in the mode's store: the pending count it is checked at, and
+        the client's stored tier when ``tiered`` (read in the same transaction), else None."""
+        costs = self._costs(units)
         if self.inflight is not None:
             assert task_id is not None
-            if tiered:
-                return self.inflight.check_and_tier(client, task_id)
-            return self.inflight.check(client, task_id), None
-        if tiered:
-            return self.counter.check_and_tier(client)
-        return self.counter.check(client), None
+            return self.inflight.count(client, task_id, units, tiered, costs)
+        pendings, stored = self.counter.count(client, 1, units, tiered, costs)
+        return pendings[0], stored
+
+    def _costs(self, units: int) -> bool:
+        """Whether this check reads the client's extras (``store/costs.py``): once any costed
+        document has been counted under the prefix; a costed one marks that first."""
+        if units != ONE:
+            self.costs_in_use.mark()
+            return True
+        return self.costs_in_use()
+
+    def _units_or_one(self, cost: object, client_id: object) -> int:
+        if cost is None:
+            return ONE
+        try:
+            return cost_units(cost)
+        except InvalidCost as exc:
+            if len(self._bad_costs) < 1000 and client_id not in self._bad_costs:
+                self._bad_costs.add(client_id)
+                logger.error(
+                    "priority-router: a document of client %r: %s; it is counted as 1", client_id, exc
+                )
+            return ONE
 
     def _tiered(self) -> bool:
         """Whether checks read tiers: on unless ``tiers=False``, once any tier is stored
         (``store/tier_store.py``); may read the store, at most every few seconds."""
         return self.config.tiers and self.tier_store.in_use()
 
-    def _decision(self, client_id: str, pending: int, stored: object, tiered: bool) -> Decision:
+    def _decision(
+        self, client_id: str, pending: int | float, stored: object, tiered: bool, units: int = ONE
+    ) -> Decision:
         """The decision for a counted document, with the tier its check read, else the
-        default tier, adjusting the table's priority."""
+        default tier, adjusting the table's priority.  A fractional count is truncated
+        toward 0 for the table: a partial unit does not count."""
+        cost = as_count(units)
         if not tiered:
-            return Decision(client_id, pending, self.policy.priority_for(pending))
+            return Decision(client_id, pending, self.policy.priority_for(int(pending)), cost=cost)
         if stored is None:
             tier = self.tier_store.default()
             if tier is None:
-                return Decision(client_id, pending, self.policy.priority_for(pending))
+                return Decision(client_id, pending, self.policy.priority_for(int(pending)), cost=cost)
             source = "default"
         else:
             try:
                 tier = decode(stored if isinstance(stored, bytes | str) else str(stored))
             except ConfigurationError as exc:
                 self._warn_bad_tier(client_id, exc)
-                return Decision(client_id, pending, self.policy.priority_for(pending))
+                return Decision(client_id, pending, self.policy.priority_for(int(pending)), cost=cost)
             source = "client"
-        return Decision(client_id, pending, tier.priority(pending, self.policy), tier=tier.applied_as(source))
+        priority = tier.priority(pending, self.policy)
+        return Decision(client_id, pending, priority, tier=tier.applied_as(source), cost=cost)
 
     def _warn_bad_tier(self, client_id: str, exc: ConfigurationError) -> None:
         if client_id in self._bad_tiers or len(self._bad_tiers) > 1000:

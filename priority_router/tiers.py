@@ -68,13 +68,13 @@ class Tier:
                     "give either fixed, or weight and/or shift",
                 )
 
-    def priority(self, pending: int, policy: Policy) -> int:
+    def priority(self, pending: float, policy: Policy) -> int:
         """The logical priority for ``pending`` under ``policy`` with this tier."""
         if self.fixed is not None:
             return self.fixed
-        if self.weight != 1.0:
-            pending = int(pending / self.weight)  # toward 0: a partial document does not count
-        level = policy.priority_for(pending) + self.shift
+        # Toward 0: a partial document (or unit of cost) does not count.
+        count = int(pending / self.weight) if self.weight != 1.0 else int(pending)
+        level = policy.priority_for(count) + self.shift
         return MOST_URGENT if level < MOST_URGENT else LEAST_URGENT if level > LEAST_URGENT else level
 
     def encode(self) -> str:

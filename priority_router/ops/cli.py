@@ -208,7 +208,8 @@ def _row(router: PriorityRouter, state: CounterState) -> dict[str, Any]:
     return {
         "client_id": state.client_id,
         "pending": state.pending,
-        "priority": router.policy.priority_for(state.pending),
+        "priority": router.policy.priority_for(int(state.pending)),
+        "counted": state.counted,
         "seconds_since_update": round(interval - ttl, 3) if ttl is not None else None,
         "seconds_until_reset": round(ttl, 3) if ttl is not None else None,
         **({"in_flight": 1 - state.pending if ttl is not None else 0} if router.inflight is not None else {}),

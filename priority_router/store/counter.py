@@ -22,9 +22,13 @@ from typing import Any
 
 import redis
 
+from .costs import ONE, pending_before
 from .keys import TIER_SUFFIX, client_id_from_key, client_key
 from .keyspace import ClientKeys, CounterState, Layout
-from .packed import PackedCheck, pipelined_add, supports
+from .packed import Extras, PackedCheck, pipelined_add, supports
+
+#: Ends the key of a client's extras in the seed mode (``costs.py``).
+EXTRAS_SUFFIX = ":c"
 
 __all__ = ["SEED", "Counter", "CounterState"]
 
@@ -34,7 +38,8 @@ SEED = Layout(
     client_of=client_id_from_key,
     suffix="",
     read="get",
-    pending=lambda value: None if value is None else 1 - int(value),
+    documents=lambda value: None if value is None else int(value),
+    extras_suffix=EXTRAS_SUFFIX,
 )
 
 
@@ -53,28 +58,25 @@ class Counter(ClientKeys):
         )
 
     def check(self, client_id: str) -> int:
-        """One counted submission (docs/scheme.md, "One check"); returns the new pending count."""
+        """One counted submission of cost 1 (docs/scheme.md, "One check"); the new pending count."""
         return 1 - self._add(client_key(self._prefix, client_id), 1)[0]
 
-    def check_and_tier(self, client_id: str) -> tuple[int, Any]:
-        """:meth:`check`, and the client's stored tier read in the same transaction (None
-        when it has none)."""
-        submitted, tier = self._add_tier(client_key(self._prefix, client_id), 1)
-        return 1 - submitted, tier
-
-    def check_many(self, client_id: str, n: int) -> list[int]:
-        """``n`` counted submissions in one round trip: the pending count each would have
-        got from ``n`` sequential checks, in order."""
-        return self.check_many_and_tier(client_id, n, tier=False)[0]
-
-    def check_many_and_tier(self, client_id: str, n: int, tier: bool = True) -> tuple[list[int], Any]:
-        """:meth:`check_many`, and the client's stored tier read in the same transaction."""
+    def count(
+        self, client_id: str, n: int = 1, units: int = ONE, tier: bool = False, costs: bool = False
+    ) -> tuple[list[int | float], Any]:
+        """``n`` counted submissions of ``units`` each in one round trip: the pending count
+        each is checked at (minus the costs before it in the spell), in order, and the
+        client's stored tier when ``tier`` (read in the same transaction).  ``costs`` (any
+        costed document counted under the prefix) reads the client's extras too."""
         if n < 1:
             return [], None
-        add = self._add_tier if tier else self._add
-        submitted, stored = add(client_key(self._prefix, client_id), n)
-        first = submitted - n + 1
-        return [1 - s for s in range(first, submitted + 1)], stored
+        key = client_key(self._prefix, client_id)
+        extra = (units - ONE) * n
+        extras = Extras(self.extras_key(client_id), extra) if costs or extra else None
+        submitted, stored, total = (self._add_tier if tier else self._add)(key, n, extras)
+        first, before = submitted - n, total - extra
+        each = units - ONE
+        return [pending_before(first + i, before + i * each) for i in range(n)], stored
 
 
 def _tier_of_counter(key: str) -> str:

@@ -36,25 +36,47 @@ removes one of them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import struct
 from hashlib import blake2b as _blake2b
+from pathlib import Path
 from typing import Any
 
 import redis
 
+from .costs import ONE, pending_before
 from .keys import INFLIGHT_SUFFIX, TIER_SUFFIX, client_id_from_inflight_key, inflight_key
 from .keyspace import ClientKeys, Layout
-from .packed import CACHE_SIZE, EXEC, MULTI, bulk, command, supports, transact
+from .packed import (
+    CACHE_SIZE,
+    EXEC,
+    MULTI,
+    Extras,
+    bulk,
+    check_replies,
+    check_tail,
+    command,
+    supports,
+    transact,
+)
 
 
-def member(task_id: str) -> bytes:
-    """The list entry that stands for ``task_id``: its 8-byte BLAKE2b digest."""
+def member(task_id: str, extra: int = 0) -> bytes:
+    """The list entry that stands for ``task_id``: its 8-byte BLAKE2b digest, and for a
+    costed document the units its cost adds beyond 1 (4 bytes, signed), so that its end,
+    which knows the cost from the message's headers, removes exactly its entry."""
     try:
         raw = task_id.encode()
     except UnicodeEncodeError:  # a lone surrogate: still one stable entry per id
         raw = task_id.encode("utf-8", "surrogateescape")
-    return _blake2b(raw, digest_size=8).digest()
+    digest = _blake2b(raw, digest_size=8).digest()
+    return digest + _EXTRA.pack(extra) if extra else digest
 
+
+_EXTRA = struct.Struct(">i")
+END_SCRIPT = (Path(__file__).parent / "lua" / "end_costed.lua").read_text()
+
+#: Ends the key of a client's extras in the inflight mode (``costs.py``).
+EXTRAS_SUFFIX = ":ic"
 
 #: One list per client: the documents published and not finished.
 INFLIGHT = Layout(
@@ -62,7 +84,8 @@ INFLIGHT = Layout(
     client_of=client_id_from_inflight_key,
     suffix=INFLIGHT_SUFFIX,
     read="llen",
-    pending=lambda value: 1 - int(value) if value else None,
+    documents=lambda value: int(value) if value else None,
+    extras_suffix=EXTRAS_SUFFIX,
 )
 
 
@@ -72,27 +95,42 @@ class InflightCounter(ClientKeys):
     def __init__(self, client: redis.Redis, prefix: str, reset_interval: float) -> None:
         super().__init__(client, prefix, reset_interval, INFLIGHT)
         self._expiry = str(self._interval_ms).encode()
-        #: Per key and with/without the tier's GET: the packed bytes before and after the member.
-        self._packed: dict[tuple[str, bool], tuple[bytes, bytes]] = {}
+        #: Per key, with/without the tier's GET and the extras' read: the packed bytes
+        #: before and after the member, and the commands queued.
+        self._packed: dict[tuple[str, bool, bool], tuple[bytes, bytes, int]] = {}
         self._packs = supports(client)
-        self._add: Callable[[str, bytes, bool], tuple[int, Any]] = (
-            self._packed_add if self._packs else self._pipelined_add
-        )
+        self._end_costed: Any = client.register_script(END_SCRIPT)
 
     def check(self, client_id: str, task_id: str) -> int:
-        """One counted publish of document ``task_id``; returns the new pending count."""
-        return 1 - self._add(inflight_key(self._prefix, client_id), member(task_id), False)[0]
+        """One counted publish of document ``task_id`` of cost 1; returns the new pending count."""
+        pending, _ = self.count(client_id, task_id)
+        return int(pending)
 
-    def check_and_tier(self, client_id: str, task_id: str) -> tuple[int, Any]:
-        """:meth:`check`, and the client's stored tier read in the same transaction (None
-        when it has none)."""
-        length, tier = self._add(inflight_key(self._prefix, client_id), member(task_id), True)
-        return 1 - length, tier
-
-    def end(self, client_id: str, task_id: str) -> bool:
-        """The end of document ``task_id``; True when this call ended it (at most once)."""
+    def count(
+        self, client_id: str, task_id: str, units: int = ONE, tier: bool = False, costs: bool = False
+    ) -> tuple[int | float, Any]:
+        """One counted publish of document ``task_id`` costing ``units``: the pending count it
+        is checked at (minus the costs in flight before it), and the client's stored tier when
+        ``tier``.  ``costs`` (any costed document counted under the prefix) reads the extras."""
         key = inflight_key(self._prefix, client_id)
-        m = member(task_id)
+        extra = units - ONE
+        extras = Extras(self.extras_key(client_id), extra) if costs or extra else None
+        m = member(task_id, extra)
+        if self._packs:
+            length, stored, total = self._packed_add(key, m, tier, extras)
+        else:
+            length, stored, total = self._pipelined_add(key, m, tier, extras)
+        return pending_before(length - 1, total - extra), stored
+
+    def end(self, client_id: str, task_id: str, units: int = ONE, costs: bool = False) -> bool:
+        """The end of document ``task_id`` (published at ``units``); True when this call
+        ended it (at most once).  With ``costs``, its extras go back with it, once."""
+        key = inflight_key(self._prefix, client_id)
+        extra = units - ONE
+        m = member(task_id, extra)
+        if costs or extra:
+            keys = [key, self.extras_key(client_id)]
+            return bool(self._end_costed(keys=keys, args=[m, extra, self._interval_ms]))
         if self._packs:
             # Packed like the publish: on a worker this runs once per document.
             raw = key.encode()
@@ -106,33 +144,40 @@ class InflightCounter(ClientKeys):
 
     # -- the publish's round trip -------------------------------------------------------
 
-    def _packed_add(self, key: str, m: bytes, tier: bool) -> tuple[int, Any]:
-        parts = self._packed.get((key, tier))
+    def _packed_add(self, key: str, m: bytes, tier: bool, extras: Extras | None) -> tuple[int, Any, int]:
+        reads = extras is not None and not extras.add
+        parts = self._packed.get((key, tier, reads)) if extras is None or reads else None
         if parts is None:
-            parts = self._pack(key, tier)
-        replies = transact(self._redis.connection_pool, parts[0] + bulk(m) + parts[1], 3 if tier else 2)
-        return int(replies[0]), replies[2] if tier else None
+            parts = self._pack(key, tier, extras)
+        head, tail, queued = parts
+        replies = transact(self._redis.connection_pool, head + bulk(m) + tail, queued)
+        return check_replies(replies, tier, extras is not None)
 
-    def _pack(self, key: str, tier: bool = False) -> tuple[bytes, bytes]:
+    def _pack(self, key: str, tier: bool, extras: Extras | None) -> tuple[bytes, bytes, int]:
         raw = key.encode()
         head = MULTI + b"*3\r\n$5\r\nLPUSH\r\n" + bulk(raw)
-        tail = command(b"PEXPIRE", raw, self._expiry)
-        if tier:
-            tail += command(b"GET", _tier_of_list(key).encode())
-        tail += EXEC
-        if len(self._packed) >= CACHE_SIZE:
-            self._packed.clear()
-        self._packed[key, tier] = (head, tail)
-        return head, tail
+        tail, queued = check_tail(self._expiry, raw, _tier_of_list(key) if tier else None, extras)
+        parts = head, tail, queued + 1
+        if extras is None or not extras.add:
+            if len(self._packed) >= CACHE_SIZE:
+                self._packed.clear()
+            self._packed[key, tier, extras is not None] = parts
+        return parts
 
-    def _pipelined_add(self, key: str, m: bytes, tier: bool) -> tuple[int, Any]:
+    def _pipelined_add(self, key: str, m: bytes, tier: bool, extras: Extras | None) -> tuple[int, Any, int]:
         with self._redis.pipeline(transaction=True) as pipe:
             pipe.lpush(key, m)
             pipe.pexpire(key, self._interval_ms)
             if tier:
                 pipe.get(_tier_of_list(key))
+            if extras is not None:
+                if extras.add:
+                    pipe.incrby(extras.key, extras.add)
+                else:
+                    pipe.get(extras.key)
+                pipe.pexpire(extras.key, self._interval_ms)
             replies = pipe.execute()
-        return int(replies[0]), replies[2] if tier else None
+        return check_replies(replies, tier, extras is not None)
 
 
 def _tier_of_list(key: str) -> str:

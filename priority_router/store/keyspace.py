@@ -15,7 +15,8 @@ from typing import Any
 
 import redis
 
-from .keys import glob_escape
+from .costs import RESOLUTION, as_count, extras_value
+from .keys import client_key, glob_escape
 
 
 @dataclass(frozen=True)
@@ -23,10 +24,13 @@ class CounterState:
     """What Redis holds for one client."""
 
     client_id: str
-    pending: int
+    #: ``1 -`` the counted cost: with every cost 1, the count the last document was checked at.
+    pending: int | float
     key: str
     #: Milliseconds until the key expires (the reset); None when there is no state.
     ttl_ms: int | None
+    #: The costs counted: in the spell (seed), of the documents in flight (inflight).
+    counted: int | float = 0
 
 
 @dataclass(frozen=True)
@@ -41,8 +45,10 @@ class Layout:
     suffix: str
     #: The command that reads a key's value ("get", "scard").
     read: str
-    #: ``pending(value)``: the pending count a value stands for; None when there is no state.
-    pending: Callable[[Any], int | None]
+    #: ``documents(value)``: the documents a value counts; None when there is no state.
+    documents: Callable[[Any], int | None]
+    #: Ends the key of what the client's costed documents add (``costs.py``), after its hash tag.
+    extras_suffix: str
 
 
 class ClientKeys:
@@ -55,6 +61,7 @@ class ClientKeys:
         self._layout = layout
         #: Matches this mode's keys and no other (``SCAN``'s MATCH).
         self._pattern = glob_escape(prefix) + "{*}" + glob_escape(layout.suffix)
+        self._extras_pattern = glob_escape(prefix) + "{*}" + glob_escape(layout.extras_suffix)
 
     @property
     def reset_interval_ms(self) -> int:
@@ -63,21 +70,33 @@ class ClientKeys:
     def key(self, client_id: str) -> str:
         return self._layout.key(self._prefix, client_id)
 
+    def extras_key(self, client_id: str) -> str:
+        """The key of what the client's costed documents add beyond 1 each (``costs.py``)."""
+        return client_key(self._prefix, client_id) + self._layout.extras_suffix
+
     def read(self, client_id: str) -> CounterState:
         """The client's state without changing it (pending 0 when it has none)."""
         key = self.key(client_id)
         with self._redis.pipeline(transaction=True) as pipe:
             getattr(pipe, self._layout.read)(key)
             pipe.pttl(key)
-            raw, ttl = pipe.execute()
-        pending = self._layout.pending(raw)
-        if pending is None:
-            return CounterState(client_id, 0, key, None)
-        return CounterState(client_id, pending, key, ttl if ttl >= 0 else None)
+            pipe.get(self.extras_key(client_id))
+            raw, ttl, extras = pipe.execute()
+        return self._state(client_id, key, raw, ttl, extras) or CounterState(client_id, 0, key, None)
+
+    def _state(self, client_id: str, key: str, raw: Any, ttl: int, extras: Any) -> CounterState | None:
+        documents = self._layout.documents(raw)
+        if documents is None:
+            return None
+        counted = max(0, documents * RESOLUTION + extras_value(extras))
+        return CounterState(
+            client_id, as_count(RESOLUTION - counted), key, ttl if ttl >= 0 else None, as_count(counted)
+        )
 
     def clear(self, client_id: str) -> bool:
         """Forget one client; True when it had state."""
-        return bool(self._redis.delete(self.key(client_id)))
+        extras = self.extras_key(client_id)
+        return bool(self._redis.delete(self.key(client_id))) | bool(self._redis.delete(extras))
 
     def scan(self, count: int = 500) -> Iterator[CounterState]:
         """Every tracked client, read in batches of ``count``."""
@@ -96,25 +115,27 @@ class ClientKeys:
         batch: list[bytes | str] = []
         # On Redis Cluster, redis-py splits ``unlink(*keys)`` into one UNLINK per hash slot,
         # so a batch whose keys live on several masters never sends a cross-slot command.
-        for key in self._redis.scan_iter(match=self._pattern, count=count):
-            batch.append(key)
-            if len(batch) >= count:
-                deleted += int(self._redis.unlink(*batch))
-                batch = []
+        for pattern in (self._pattern, self._extras_pattern):
+            for key in self._redis.scan_iter(match=pattern, count=count):
+                batch.append(key)
+                if len(batch) >= count:
+                    deleted += int(self._redis.unlink(*batch))
+                    batch = []
         if batch:
             deleted += int(self._redis.unlink(*batch))
         return deleted
 
     def _read_keys(self, keys: list[str]) -> Iterator[CounterState]:
+        clients = [self._layout.client_of(self._prefix, key) for key in keys]
         with self._redis.pipeline(transaction=False) as pipe:
-            for key in keys:
+            for key, client_id in zip(keys, clients, strict=True):
                 getattr(pipe, self._layout.read)(key)
                 pipe.pttl(key)
+                pipe.get(self.extras_key(client_id or ""))
             replies = pipe.execute()
-        for i, key in enumerate(keys):
-            raw, ttl = replies[2 * i], replies[2 * i + 1]
-            client_id = self._layout.client_of(self._prefix, key)
-            pending = self._layout.pending(raw)
-            if pending is None or client_id is None:
+        for i, (key, client_id) in enumerate(zip(keys, clients, strict=True)):
+            if client_id is None:
                 continue
-            yield CounterState(client_id, pending, key, ttl if ttl >= 0 else None)
+            state = self._state(client_id, key, *replies[3 * i : 3 * i + 3])
+            if state is not None:
+                yield state

@@ -17,6 +17,7 @@ transaction through redis-py's pipeline.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -69,9 +70,40 @@ def transact(pool: redis.ConnectionPool, packed: bytes, queued: int) -> list[Any
     return replies
 
 
+@dataclass(frozen=True)
+class Extras:
+    """A check's use of the client's extras key (``costs.py``): add ``add`` units, or
+    only read it (``add == 0``); either way its expiry is re-armed with the count's."""
+
+    key: str
+    add: int = 0
+
+
+def check_tail(expiry: bytes, key: bytes, read_key: str | None, extras: Extras | None) -> tuple[bytes, int]:
+    """What follows a check's count command: ``PEXPIRE key``, then ``GET read_key`` and the
+    extras' ``INCRBY`` (or ``GET``) and ``PEXPIRE`` when given, then ``EXEC``; and how many
+    commands that queues."""
+    parts = [command(b"PEXPIRE", key, expiry)]
+    if read_key is not None:
+        parts.append(command(b"GET", read_key.encode()))
+    if extras is not None:
+        raw = extras.key.encode()
+        parts.append(command(b"INCRBY", raw, b"%d" % extras.add) if extras.add else command(b"GET", raw))
+        parts.append(command(b"PEXPIRE", raw, expiry))
+    return b"".join((*parts, EXEC)), len(parts)
+
+
+def check_replies(replies: list[Any], read: bool, extras: bool) -> tuple[int, Any, int]:
+    """(the count command's answer, what ``GET read_key`` answered, the extras' value)."""
+    stored = replies[2] if read else None
+    total = replies[3 if read else 2] if extras else None
+    return int(replies[0]), stored, 0 if total is None else int(total)
+
+
 class PackedCheck:
-    """``add(key, n)``: the key's new value after ``INCRBY n`` with its expiry re-armed, and
-    with ``read_key`` given, what ``GET read_key(key)`` answered in the same transaction."""
+    """``add(key, n, extras)``: the key's new value after ``INCRBY n`` with its expiry
+    re-armed; with ``read_key`` given, what ``GET read_key(key)`` answered in the same
+    transaction; and with ``extras``, the client's extras after the check."""
 
     def __init__(
         self, client: redis.Redis, interval_ms: int, read_key: Callable[[str], str] | None = None
@@ -80,47 +112,50 @@ class PackedCheck:
         self._pool = client.connection_pool
         self._expiry = str(interval_ms).encode()
         self._read_key = read_key
-        self._queued = 2 if read_key is None else 3
-        #: One document's check per key, the hot path's only shape.
-        self._packed: dict[str, bytes] = {}
+        #: One document's check per key and extras key read or not: the hot path's shapes.
+        self._packed: dict[tuple[str, str | None], tuple[bytes, int]] = {}
 
-    def add(self, key: str, n: int = 1) -> tuple[int, Any]:
-        packed = self._packed.get(key) if n == 1 else None
+    def add(self, key: str, n: int = 1, extras: Extras | None = None) -> tuple[int, Any, int]:
+        cached = n == 1 and (extras is None or not extras.add)
+        shape = (key, None if extras is None else extras.key)
+        packed = self._packed.get(shape) if cached else None
         if packed is None:
-            packed = self._pack(key, n)
-        replies = transact(self._pool, packed, self._queued)
-        return int(replies[0]), replies[2] if self._read_key is not None else None
+            packed = self._pack(key, n, extras)
+            if cached:
+                if len(self._packed) >= CACHE_SIZE:
+                    self._packed.clear()
+                self._packed[shape] = packed
+        replies = transact(self._pool, packed[0], packed[1])
+        return check_replies(replies, self._read_key is not None, extras is not None)
 
-    def _pack(self, key: str, n: int) -> bytes:
+    def _pack(self, key: str, n: int, extras: Extras | None = None) -> tuple[bytes, int]:
         raw = key.encode()
-        parts = [
-            MULTI,
-            command(b"INCR", raw) if n == 1 else command(b"INCRBY", raw, str(n).encode()),
-            command(b"PEXPIRE", raw, self._expiry),
-        ]
-        if self._read_key is not None:
-            parts.append(command(b"GET", self._read_key(key).encode()))
-        packed = b"".join((*parts, EXEC))
-        if n == 1:
-            if len(self._packed) >= CACHE_SIZE:
-                self._packed.clear()
-            self._packed[key] = packed
-        return packed
+        count = command(b"INCR", raw) if n == 1 else command(b"INCRBY", raw, str(n).encode())
+        read_key = self._read_key(key) if self._read_key is not None else None
+        tail, queued = check_tail(self._expiry, raw, read_key, extras)
+        return MULTI + count + tail, queued + 1
 
 
 def pipelined_add(
     client: redis.Redis, interval_ms: int, read_key: Callable[[str], str] | None = None
-) -> Callable[[str, int], tuple[int, Any]]:
+) -> Callable[..., tuple[int, Any, int]]:
     """The same transaction through redis-py's pipeline, for clients :class:`PackedCheck`
-    cannot drive (Redis Cluster runs it on the key's slot: ``read_key`` must share it)."""
+    cannot drive (Redis Cluster runs it on the key's slot: ``read_key`` and the extras key
+    must share it)."""
 
-    def add(key: str, n: int = 1) -> tuple[int, Any]:
+    def add(key: str, n: int = 1, extras: Extras | None = None) -> tuple[int, Any, int]:
         with client.pipeline(transaction=True) as pipe:
             pipe.incrby(key, n)
             pipe.pexpire(key, interval_ms)
             if read_key is not None:
                 pipe.get(read_key(key))
+            if extras is not None:
+                if extras.add:
+                    pipe.incrby(extras.key, extras.add)
+                else:
+                    pipe.get(extras.key)
+                pipe.pexpire(extras.key, interval_ms)
             replies = pipe.execute()
-        return int(replies[0]), replies[2] if read_key is not None else None
+        return check_replies(replies, read_key is not None, extras is not None)
 
     return add

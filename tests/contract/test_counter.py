@@ -219,6 +219,6 @@ def test_a_check_cut_off_before_exec_changes_nothing(real_redis: redis.Redis, ke
     from priority_router.store.packed import PackedCheck
 
     key = Counter(real_redis, key_prefix, 1500).key("cut")
-    send_cut_before_exec(real_redis, PackedCheck(real_redis, 1_500_000)._pack(key, 1))
+    send_cut_before_exec(real_redis, PackedCheck(real_redis, 1_500_000)._pack(key, 1)[0])
     time.sleep(0.05)
     assert real_redis.exists(key) == 0
