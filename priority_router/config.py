@@ -21,6 +21,8 @@ from .policy import DOCBITS_THRESHOLDS, Policy, check_priority
 
 #: Called as ``getter(task_name, args, kwargs, headers)``; returns a client id or None.
 ClientIdGetter = Callable[[str, tuple[Any, ...], dict[str, Any], dict[str, Any]], object]
+#: ``cost_getter(task_name, args, kwargs, headers)``: a document's cost, or None for 1.
+CostGetter = Callable[[str, tuple[Any, ...], dict[str, Any], dict[str, Any]], object]
 
 ENV_PREFIX = "PRIORITY_ROUTER_"
 CELERY_PREFIX = "priority_router_"
@@ -48,6 +50,8 @@ class RouterConfig:
     client_id_header: str = "client_id"
     client_id_kwarg: str = "client_id"
     client_id_getter: ClientIdGetter | None = field(default=None, metadata=_PYTHON_ONLY)
+    #: A document's cost when its ``priority_router_cost`` header gives none; None: 1.
+    cost_getter: CostGetter | None = field(default=None, metadata=_PYTHON_ONLY)
     #: Task names or globs whose publishes are counted; None counts every task.
     tasks: tuple[str, ...] | None = None
     #: Seconds the counter may take to connect / to answer before publishing fails open.
@@ -118,6 +122,12 @@ class RouterConfig:
                 "client_id_getter",
                 f"{self.client_id_getter!r} is not callable",
                 "pass a function (task_name, args, kwargs, headers) -> client id, or None",
+            )
+        if self.cost_getter is not None and not callable(self.cost_getter):
+            raise ConfigurationError(
+                "cost_getter",
+                f"{self.cost_getter!r} is not callable",
+                "pass a function (task_name, args, kwargs, headers) -> cost (a positive number), or None",
             )
         set_(self, "tasks", _tasks(self.tasks))
         if self.mode not in MODES:

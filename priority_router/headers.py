@@ -16,6 +16,10 @@ DRY_RUN = "priority_router_dry_run"
 #: Present (True) on a document counted in ``mode="inflight"`` (a retry copies it): the
 #: worker ends it when it finishes.
 INFLIGHT = "priority_router_inflight"
+#: What the document counted (a positive number; absent: 1).  Set it on a publish to
+#: count a document by its pages, size or expected seconds; the worker's end in
+#: ``mode="inflight"`` gives back the cost this header carries.
+COST = "priority_router_cost"
 #: The tier that adjusted the priority, as ``"client: weight=2 shift=-1"`` or
 #: ``"default: fixed=9"``; absent when the threshold table alone decided.
 TIER = "priority_router_tier"

@@ -75,7 +75,7 @@ def end_document(router: PriorityRouter, fields: Any, task_id: object) -> bool:
     client = normalize_client_id(_field(fields, router.config.client_id_header))
     if client is None:
         return False
-    return router.end_quietly(client, task_id)
+    return router.end_quietly(client, task_id, _field(fields, H.COST))
 
 
 def _field(fields: Any, name: str) -> Any:

@@ -29,6 +29,7 @@ PRIORITY_KEY = "priority_router_priority"
 PENDING_KEY = "priority_router_pending"
 DRY_RUN_KEY = "priority_router_dry_run"
 TIER_KEY = "priority_router_tier"
+COST_KEY = "priority_router_cost"
 #: Longer ids are shown cut (headers must stay small; see publish.MAX_HEADER_ID).
 MAX_SHOWN_ID = 200
 
@@ -44,6 +45,8 @@ def annotate_kwargsrepr(kwargsrepr: str, decision: Decision, dry_run: bool = Fal
     )
     if decision.tier is not None:
         extra += f", {TIER_KEY!r}: {decision.tier!r}"
+    if decision.cost != 1:
+        extra += f", {COST_KEY!r}: {decision.cost!r}"
     if dry_run:
         extra += f", {DRY_RUN_KEY!r}: True"
     text = kwargsrepr.strip()

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import fnmatch
 import logging
+import math
 import time
 import weakref
 from collections.abc import Callable
@@ -86,6 +87,7 @@ class PublishReceiver:
         self._header = config.client_id_header
         self._kwarg = config.client_id_kwarg
         self._getter = config.client_id_getter
+        self._cost_getter = config.cost_getter
         self._annotate = config.flower_kwargsrepr
         self._default_priority = config.default_priority
         self.dry_run = config.dry_run
@@ -169,9 +171,20 @@ class PublishReceiver:
             if inherited is not None:
                 return inherited
             return Decision(None, None, self._default_priority, Reason.NO_CLIENT)
+        cost = headers.get(H.COST)
+        if cost is None and self._cost_getter is not None:
+            cost = self._getter_cost(task_name, body, headers)
         if self._inflight:
-            return self._decide(client, _task_id(body, headers))
-        return self._decide(client)
+            return self._decide(client, _task_id(body, headers), cost)
+        return self._decide(client, None, cost)
+
+    def _getter_cost(self, task_name: str, body: Any, headers: dict[str, Any]) -> object:
+        args, kwargs = _args_kwargs(body)
+        try:
+            return self._cost_getter(task_name, args, kwargs, headers)  # type: ignore[misc]
+        except Exception:
+            logger.exception("cost_getter failed for %s; counting the document as 1", task_name)
+            return None
 
     def _stamp(
         self,
@@ -199,6 +212,9 @@ class PublishReceiver:
         headers[H.PUBLISHED_AT] = time.time()
         if decision.tier is not None:
             headers[H.TIER] = decision.tier
+        if decision.cost != 1 or H.COST in headers:
+            # What was counted, which the worker's end gives back (a bad cost counted as 1).
+            headers[H.COST] = decision.cost
         if self._inflight and decision.pending is not None and decision.reason is not Reason.INHERITED:
             headers[H.INFLIGHT] = True  # counted in the in-flight list: the worker ends it
         if self._annotate and isinstance(headers.get("kwargsrepr"), str):
@@ -287,7 +303,7 @@ def _tasks_running() -> bool:
 
 
 def _is_count(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _inherited_from_headers(headers: dict[str, Any], client_header: str) -> Decision | None:
