@@ -26,9 +26,10 @@ measures that case.
 ``--mode inflight`` loads the inflight mode's lists instead, one document in flight per
 client.  Redis 7.2 and later keep a short list as one ``listpack``; 7.0 wraps it in a
 ``quicklist`` and a node of their own, about 100 bytes more: ``--redis-server`` measures
-another server.
+another server.  ``--costed`` gives every client's document a cost of 2.5, so each client
+also has its extras key (``store/costs.py``) and its list entry carries the extra.
 
-    python bench/memory.py [--clients 1000000] [--mode seed|inflight] [--redis-server PATH]
+    python bench/memory.py [--clients 1000000] [--mode seed|inflight] [--costed] [--redis-server PATH]
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from bench.provenance import code_version  # noqa: E402
 from priority_router.config import RouterConfig  # noqa: E402
+from priority_router.store.costs import RESOLUTION  # noqa: E402
 from priority_router.store.inflight import member  # noqa: E402
 from priority_router.store.keys import client_key, inflight_key  # noqa: E402
 from priority_router.store.packed import EXEC, MULTI, command  # noqa: E402
@@ -71,19 +73,28 @@ def start_server(executable: str, extra: list[str]) -> EmbeddedRedis:
     return start_embedded_redis(executable=executable, extra=extra)
 
 
-def load(port: int, keys: list[bytes], interval_ms: int, batch: int, inflight: bool = False) -> float:
+def load(
+    port: int, keys: list[bytes], interval_ms: int, batch: int, inflight: bool = False, costed: bool = False
+) -> float:
     """Send one check per key, ``batch`` checks per round trip; returns the seconds it took.
 
     ``inflight``: the inflight mode's publish instead, one document in flight per client
-    (``MULTI; LPUSH key m; PEXPIRE key ms; EXEC``)."""
+    (``MULTI; LPUSH key m; PEXPIRE key ms; EXEC``).  ``costed``: the document costs 2.5
+    (``...; INCRBY extras 1500; PEXPIRE extras ms; EXEC``)."""
     expiry = str(interval_ms).encode()
+    extra = round(1.5 * RESOLUTION)
 
     def check(k: bytes) -> bytes:
-        counted = command(b"LPUSH", k, member(str(uuid.uuid4()))) if inflight else command(b"INCR", k)
-        return MULTI + counted + command(b"PEXPIRE", k, expiry) + EXEC
+        m = member(str(uuid.uuid4()), extra if costed else 0)
+        counted = command(b"LPUSH", k, m) if inflight else command(b"INCR", k)
+        extras = b""
+        if costed:
+            x = extras_key_of(k)
+            extras = command(b"INCRBY", x, b"%d" % extra) + command(b"PEXPIRE", x, expiry)
+        return MULTI + counted + command(b"PEXPIRE", k, expiry) + extras + EXEC
 
-    queued = 2
-    new_client = [1] * queued  # EXEC: a count (or length) of 1, and the expiry set
+    queued = 4 if costed else 2
+    new_client = [1, 1, extra, 1] if costed else [1, 1]  # EXEC: a count of 1, the expiry set
     reader = hiredis.Reader()
     start = time.perf_counter()
     with socket.create_connection(("127.0.0.1", port)) as sock:
@@ -100,6 +111,12 @@ def load(port: int, keys: list[bytes], interval_ms: int, batch: int, inflight: b
                         raise RuntimeError(f"a client was not new, or got no expiry: EXEC -> {reply}")
                     need -= 1
     return time.perf_counter() - start
+
+
+def extras_key_of(key: bytes) -> bytes:
+    """The extras key of a client's count or list key (``counter.py``, ``inflight.py``)."""
+    text = key.decode()
+    return (text.removesuffix(":i") + (":ic" if text.endswith(":i") else ":c")).encode()
 
 
 def used_memory(port: int) -> int:
@@ -163,6 +180,7 @@ def main() -> None:
     parser.add_argument(
         "--mode", choices=["seed", "inflight"], default="seed", help="the router mode whose keys to load"
     )
+    parser.add_argument("--costed", action="store_true", help="every document costs 2.5")
     parser.add_argument(
         "--maxmemory-policy", help="e.g. allkeys-lru (sets maxmemory 16gb too); default: the server's"
     )
@@ -187,7 +205,7 @@ def main() -> None:
             version = str(r.info("server")["redis_version"])
             policy = str(r.config_get("maxmemory-policy")["maxmemory-policy"])
         before = used_memory(port)
-        seconds = load(port, keys, interval_ms, args.batch, args.mode == "inflight")
+        seconds = load(port, keys, interval_ms, args.batch, args.mode == "inflight", args.costed)
         with_ttl = check_ttls(port, keys, interval_ms, args.batch)
         after, settle = settled_memory(port)
         with redis.Redis(port=port) as r:
@@ -213,6 +231,7 @@ def main() -> None:
     result = {
         "benchmark": "memory",
         "mode": args.mode,
+        "costed": args.costed,
         "redis_version": version,
         "code": code_version(),
         "maxmemory_policy": policy,

@@ -24,6 +24,9 @@ With ``--modes seed,inflight`` the blocks of both modes alternate in each proces
 block beside it: the comparison issue #13 asks for ("publishing must cost no more than
 in the seed mode").  ``--modes seed,seed:tiers`` measures what reading the client's tier
 in the check costs once a deployment has tiers (until then the check leaves it out).
+``--modes seed,seed:costs,seed:costed`` measures documents of cost 1 once a deployment
+counts costs (the check then reads the client's extras), and documents that each carry a
+``priority_router_cost`` header (the check adds to the extras).
 """
 
 from __future__ import annotations
@@ -43,6 +46,19 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 #: A mode's name with this suffix runs it where a tier is stored, so its check reads the tier.
 TIERED = ":tiers"
+#: ... where costs are in use, so its check reads the client's extras (cost-1 documents).
+COSTS = ":costs"
+#: ... publishing documents that each cost 2.5.
+COSTED = ":costed"
+SUFFIXES = (TIERED, COSTS, COSTED)
+
+
+def base_mode(mode: str) -> str:
+    for suffix in SUFFIXES:
+        mode = mode.removesuffix(suffix)
+    return mode
+
+
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 
@@ -69,10 +85,11 @@ def child(redis_url: str, blocks: int, block: int, modes: list[str]) -> dict[str
             {
                 **env,
                 "WORKERS_ROUTER": "on",
-                "PRIORITY_ROUTER_MODE": mode.removesuffix(TIERED),
-                # A mode with tiers counts under a prefix of its own where a tier is stored.
+                "PRIORITY_ROUTER_MODE": base_mode(mode),
+                # A mode with a suffix counts under a prefix of its own.
                 "PRIORITY_ROUTER_KEY_PREFIX": env["PRIORITY_ROUTER_KEY_PREFIX"]
-                + ("t:" if mode.endswith(TIERED) else ""),
+                + mode.replace(":", "-")
+                + ":",
             }
         )
         for mode in modes
@@ -85,15 +102,24 @@ def child(redis_url: str, blocks: int, block: int, modes: list[str]) -> dict[str
             router = installed_router(routed[mode])
             assert router is not None
             router.set_tier("some-other-client", shift=1)  # tiers are in use under this prefix
+        if mode.endswith(COSTS):
+            from priority_router.router import installed_router
+
+            router = installed_router(routed[mode])
+            assert router is not None
+            router.record("some-other-client", "t", cost=2)  # costs are in use under this prefix
 
     cpu: dict[str, list[float]] = {}
 
     def publishes(app: Celery, name: str) -> Callable[[int], float]:
+        cost = {"priority_router_cost": 2.5} if name.endswith(COSTED) else {}
+
         def run(count: int) -> float:
             started, cpu_started = time.perf_counter(), time.process_time()
             for n in range(count):
                 client = f"c{n % 100}"
-                app.send_task("workers.hold_document", (client, f"d{n}", 0), headers={"client_id": client})
+                headers = {"client_id": client, **cost}
+                app.send_task("workers.hold_document", (client, f"d{n}", 0), headers=headers)
             cpu.setdefault(name, []).append((time.process_time() - cpu_started) / count)
             return (time.perf_counter() - started) / count
 

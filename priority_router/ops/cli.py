@@ -209,7 +209,6 @@ def _row(router: PriorityRouter, state: CounterState) -> dict[str, Any]:
         "client_id": state.client_id,
         "pending": state.pending,
         "priority": router.policy.priority_for(int(state.pending)),
-        "counted": state.counted,
         "seconds_since_update": round(interval - ttl, 3) if ttl is not None else None,
         "seconds_until_reset": round(ttl, 3) if ttl is not None else None,
         **({"in_flight": 1 - state.pending if ttl is not None else 0} if router.inflight is not None else {}),
@@ -288,6 +287,8 @@ def inspect(ctx: click.Context, client: str, as_json: bool, app_name: str | None
     row["table_priority"] = row["priority"]
     if applied is not None and router.config.tiers:
         row["priority"] = applied.priority(state.pending, router.policy)
+    # The costs counted: in the spell (seed), of the documents in flight (inflight).
+    row["counted"] = state.counted
     if as_json:
         _emit_json(row)
         return

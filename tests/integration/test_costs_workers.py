@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from typing import Any
 
 from celery import Celery
 from support.services import FAST_REDELIVERY, close_app, kill_worker_mid_work, running_worker
@@ -96,3 +97,17 @@ def test_inflight_costs_return_to_zero_after_every_end_even_a_killed_workers(
     state = router.state("acme")
     assert (state.counted, state.pending) == (0, 0)
     assert not router.redis.exists(router.store.extras_key("acme"))
+
+
+def test_inspect_and_status_show_a_clients_counted_cost(
+    cli: Callable[..., Any], counter_url: str, key_prefix: str
+) -> None:
+    router = PriorityRouter(counter_url, key_prefix=key_prefix)
+    router.record("scans", cost=30)
+    router.record("scans", cost=2.5)
+
+    inspected = json.loads(cli("inspect", "scans", "--json").output)
+    (row,) = json.loads(cli("status", "--json").output)
+
+    assert (inspected["counted"], inspected["pending"], inspected["priority"]) == (32.5, -31.5, 9)
+    assert (row["client_id"], row["pending"], row["priority"]) == ("scans", -31.5, 9)
