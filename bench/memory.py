@@ -27,7 +27,8 @@ measures that case.
 client.  Redis 7.2 and later keep a short list as one ``listpack``; 7.0 wraps it in a
 ``quicklist`` and a node of their own, about 100 bytes more: ``--redis-server`` measures
 another server.  ``--costed`` gives every client's document a cost of 2.5, so each client
-also has its extras key (``store/costs.py``) and its list entry carries the extra.
+also has its extras (``store/costs.py``): a key of its own in the seed mode, one list entry
+more in the inflight mode.
 
     python bench/memory.py [--clients 1000000] [--mode seed|inflight] [--costed] [--redis-server PATH]
 """
@@ -54,7 +55,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from bench.provenance import code_version  # noqa: E402
 from priority_router.config import RouterConfig  # noqa: E402
-from priority_router.store.costs import RESOLUTION  # noqa: E402
+from priority_router.store.costs import RESOLUTION, sentinel  # noqa: E402
 from priority_router.store.inflight import member  # noqa: E402
 from priority_router.store.keys import client_key, inflight_key  # noqa: E402
 from priority_router.store.packed import EXEC, MULTI, command  # noqa: E402
@@ -88,13 +89,19 @@ def load(
         m = member(str(uuid.uuid4()), extra if costed else 0)
         counted = command(b"LPUSH", k, m) if inflight else command(b"INCR", k)
         extras = b""
-        if costed:
-            x = extras_key_of(k)
+        if costed and inflight:  # what lua/publish_costed.lua leaves for a new client
+            extras = command(b"RPUSH", k, sentinel(extra))
+        elif costed:
+            x = k + b":c"
             extras = command(b"INCRBY", x, b"%d" % extra) + command(b"PEXPIRE", x, expiry)
-        return MULTI + counted + command(b"PEXPIRE", k, expiry) + extras + EXEC
+        return MULTI + counted + extras + command(b"PEXPIRE", k, expiry) + EXEC
 
-    queued = 4 if costed else 2
-    new_client = [1, 1, extra, 1] if costed else [1, 1]  # EXEC: a count of 1, the expiry set
+    if costed and inflight:
+        queued, new_client = 3, [1, 2, 1]
+    elif costed:
+        queued, new_client = 4, [1, extra, 1, 1]
+    else:
+        queued, new_client = 2, [1, 1]  # EXEC: a count (or length) of 1, and the expiry set
     reader = hiredis.Reader()
     start = time.perf_counter()
     with socket.create_connection(("127.0.0.1", port)) as sock:
@@ -111,12 +118,6 @@ def load(
                         raise RuntimeError(f"a client was not new, or got no expiry: EXEC -> {reply}")
                     need -= 1
     return time.perf_counter() - start
-
-
-def extras_key_of(key: bytes) -> bytes:
-    """The extras key of a client's count or list key (``counter.py``, ``inflight.py``)."""
-    text = key.decode()
-    return (text.removesuffix(":i") + (":ic" if text.endswith(":i") else ":c")).encode()
 
 
 def used_memory(port: int) -> int:

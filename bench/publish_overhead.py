@@ -232,12 +232,10 @@ def main() -> None:
     args = parser.parse_args()
     redis_url = args.redis.rstrip("/")
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    unknown = sorted(set(modes) - {"seed", "inflight", "seed" + TIERED, "inflight" + TIERED})
+    known = {base + suffix for base in ("seed", "inflight") for suffix in ("", *SUFFIXES)}
+    unknown = sorted(set(modes) - known)
     if unknown or not modes or len(set(modes)) != len(modes):
-        parser.error(
-            f"--modes takes distinct modes among seed, inflight, seed{TIERED} and inflight{TIERED}, "
-            f"not {args.modes!r}"
-        )
+        parser.error(f"--modes takes distinct modes among {', '.join(sorted(known))}, not {args.modes!r}")
     if args.child:
         print(json.dumps(child(redis_url, args.blocks, args.block, modes)))
         return

@@ -1,12 +1,13 @@
 """A document's cost: how much of its client's count one document takes.
 
 Costs are counted in thousandths (:data:`RESOLUTION` units per cost 1) so that Redis adds
-whole numbers and no sum drifts.  A client's documents of cost 1 are counted as before (the
-seed's count, the in-flight list's length); what the other costs add beyond 1 goes into a
-second key per client, its *extras* (``<prefix>{token}:c`` for the seed count,
-``<prefix>{token}:ic`` for the in-flight list), sharing the client's hash tag.  Until a
-deployment counts its first costed document, no check reads or writes an extras key, and
-the marker ``<prefix>costs-in-use`` says when one has.
+whole numbers and no sum drifts.  A client's documents are counted as before (the seed's
+count, the in-flight list's length), and what costed documents add beyond 1 each is the
+client's *extras*: in the seed mode a second key, ``<prefix>{token}:c`` (it shares the
+client's hash tag and TTL); in the inflight mode one more entry at the oldest end of the
+client's list, :func:`sentinel`, so a client costs one short list entry more rather than a
+key.  Until a deployment counts its first costed document, no check reads or writes
+extras, and the marker ``<prefix>costs-in-use`` says when one has.
 """
 
 from __future__ import annotations
@@ -72,6 +73,22 @@ def pending_before(documents: int, extras: int) -> int | float:
 def extras_value(raw: object) -> int:
     """An extras key's value as read (None: no key)."""
     return 0 if raw is None else int(raw)  # type: ignore[call-overload]
+
+
+#: Starts the in-flight list's extras entry; 16 bytes, so no entry for a document (8 or 12
+#: bytes, ``inflight.member``) is ever taken for it.
+SENTINEL = b"priority-router="
+
+
+def sentinel(extras: int) -> bytes:
+    return SENTINEL + b"%d" % extras
+
+
+def sentinel_extras(entry: object) -> int | None:
+    """The extras an in-flight list's oldest entry holds; None when it is a document."""
+    if isinstance(entry, bytes) and entry.startswith(SENTINEL):
+        return int(entry[len(SENTINEL) :])
+    return None
 
 
 def costs_in_use_key(prefix: str) -> str:

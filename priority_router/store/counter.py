@@ -72,7 +72,7 @@ class Counter(ClientKeys):
             return [], None
         key = client_key(self._prefix, client_id)
         extra = (units - ONE) * n
-        extras = Extras(self.extras_key(client_id), extra) if costs or extra else None
+        extras = Extras(key + EXTRAS_SUFFIX, extra) if costs or extra else None
         submitted, stored, total = (self._add_tier if tier else self._add)(key, n, extras)
         first, before = submitted - n, total - extra
         each = units - ONE

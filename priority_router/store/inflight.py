@@ -43,21 +43,10 @@ from typing import Any
 
 import redis
 
-from .costs import ONE, pending_before
+from .costs import ONE, SENTINEL, pending_before, sentinel_extras
 from .keys import INFLIGHT_SUFFIX, TIER_SUFFIX, client_id_from_inflight_key, inflight_key
 from .keyspace import ClientKeys, Layout
-from .packed import (
-    CACHE_SIZE,
-    EXEC,
-    MULTI,
-    Extras,
-    bulk,
-    check_replies,
-    check_tail,
-    command,
-    supports,
-    transact,
-)
+from .packed import CACHE_SIZE, EXEC, MULTI, bulk, command, supports, transact
 
 
 def member(task_id: str, extra: int = 0) -> bytes:
@@ -73,19 +62,17 @@ def member(task_id: str, extra: int = 0) -> bytes:
 
 
 _EXTRA = struct.Struct(">i")
-END_SCRIPT = (Path(__file__).parent / "lua" / "end_costed.lua").read_text()
+_LUA = Path(__file__).parent / "lua"
 
-#: Ends the key of a client's extras in the inflight mode (``costs.py``).
-EXTRAS_SUFFIX = ":ic"
-
-#: One list per client: the documents published and not finished.
+#: One list per client: the documents published and not finished (and, once costed
+#: documents were published, the client's extras as its oldest entry: ``costs.py``).
 INFLIGHT = Layout(
     key=inflight_key,
     client_of=client_id_from_inflight_key,
     suffix=INFLIGHT_SUFFIX,
     read="llen",
     documents=lambda value: int(value) if value else None,
-    extras_suffix=EXTRAS_SUFFIX,
+    extras_suffix=None,
 )
 
 
@@ -99,7 +86,8 @@ class InflightCounter(ClientKeys):
         #: before and after the member, and the commands queued.
         self._packed: dict[tuple[str, bool, bool], tuple[bytes, bytes, int]] = {}
         self._packs = supports(client)
-        self._end_costed: Any = client.register_script(END_SCRIPT)
+        self._publish_costed: Any = client.register_script((_LUA / "publish_costed.lua").read_text())
+        self._end_costed: Any = client.register_script((_LUA / "end_costed.lua").read_text())
 
     def check(self, client_id: str, task_id: str) -> int:
         """One counted publish of document ``task_id`` of cost 1; returns the new pending count."""
@@ -114,13 +102,19 @@ class InflightCounter(ClientKeys):
         ``tier``.  ``costs`` (any costed document counted under the prefix) reads the extras."""
         key = inflight_key(self._prefix, client_id)
         extra = units - ONE
-        extras = Extras(self.extras_key(client_id), extra) if costs or extra else None
-        m = member(task_id, extra)
+        if extra:
+            args = [member(task_id, extra), extra, self._interval_ms, int(tier), SENTINEL]
+            documents, extras, stored = self._publish_costed(keys=[key, _tier_of_list(key)], args=args)
+            return pending_before(int(documents) - 1, int(extras) - extra), stored
+        m = member(task_id)
         if self._packs:
-            length, stored, total = self._packed_add(key, m, tier, extras)
+            length, stored, oldest = self._packed_add(key, m, tier, costs)
         else:
-            length, stored, total = self._pipelined_add(key, m, tier, extras)
-        return pending_before(length - 1, total - extra), stored
+            length, stored, oldest = self._pipelined_add(key, m, tier, costs)
+        extras = sentinel_extras(oldest)
+        if extras is None:
+            return pending_before(length - 1, 0), stored
+        return pending_before(length - 2, extras), stored
 
     def end(self, client_id: str, task_id: str, units: int = ONE, costs: bool = False) -> bool:
         """The end of document ``task_id`` (published at ``units``); True when this call
@@ -129,8 +123,7 @@ class InflightCounter(ClientKeys):
         extra = units - ONE
         m = member(task_id, extra)
         if costs or extra:
-            keys = [key, self.extras_key(client_id)]
-            return bool(self._end_costed(keys=keys, args=[m, extra, self._interval_ms]))
+            return bool(self._end_costed(keys=[key], args=[m, extra, self._interval_ms, SENTINEL]))
         if self._packs:
             # Packed like the publish: on a worker this runs once per document.
             raw = key.encode()
@@ -144,40 +137,39 @@ class InflightCounter(ClientKeys):
 
     # -- the publish's round trip -------------------------------------------------------
 
-    def _packed_add(self, key: str, m: bytes, tier: bool, extras: Extras | None) -> tuple[int, Any, int]:
-        reads = extras is not None and not extras.add
-        parts = self._packed.get((key, tier, reads)) if extras is None or reads else None
+    def _packed_add(self, key: str, m: bytes, tier: bool, costs: bool) -> tuple[int, Any, Any]:
+        parts = self._packed.get((key, tier, costs))
         if parts is None:
-            parts = self._pack(key, tier, extras)
+            parts = self._pack(key, tier, costs)
         head, tail, queued = parts
         replies = transact(self._redis.connection_pool, head + bulk(m) + tail, queued)
-        return check_replies(replies, tier, extras is not None)
+        return int(replies[0]), replies[2] if tier else None, replies[-1] if costs else None
 
-    def _pack(self, key: str, tier: bool, extras: Extras | None) -> tuple[bytes, bytes, int]:
+    def _pack(self, key: str, tier: bool, costs: bool = False) -> tuple[bytes, bytes, int]:
         raw = key.encode()
         head = MULTI + b"*3\r\n$5\r\nLPUSH\r\n" + bulk(raw)
-        tail, queued = check_tail(self._expiry, raw, _tier_of_list(key) if tier else None, extras)
-        parts = head, tail, queued + 1
-        if extras is None or not extras.add:
-            if len(self._packed) >= CACHE_SIZE:
-                self._packed.clear()
-            self._packed[key, tier, extras is not None] = parts
+        tail = command(b"PEXPIRE", raw, self._expiry)
+        if tier:
+            tail += command(b"GET", _tier_of_list(key).encode())
+        if costs:
+            tail += command(b"LINDEX", raw, b"-1")  # the extras entry, if the list has one
+        tail += EXEC
+        parts = head, tail, 2 + tier + costs
+        if len(self._packed) >= CACHE_SIZE:
+            self._packed.clear()
+        self._packed[key, tier, costs] = parts
         return parts
 
-    def _pipelined_add(self, key: str, m: bytes, tier: bool, extras: Extras | None) -> tuple[int, Any, int]:
+    def _pipelined_add(self, key: str, m: bytes, tier: bool, costs: bool) -> tuple[int, Any, Any]:
         with self._redis.pipeline(transaction=True) as pipe:
             pipe.lpush(key, m)
             pipe.pexpire(key, self._interval_ms)
             if tier:
                 pipe.get(_tier_of_list(key))
-            if extras is not None:
-                if extras.add:
-                    pipe.incrby(extras.key, extras.add)
-                else:
-                    pipe.get(extras.key)
-                pipe.pexpire(extras.key, self._interval_ms)
+            if costs:
+                pipe.lindex(key, -1)
             replies = pipe.execute()
-        return check_replies(replies, tier, extras is not None)
+        return int(replies[0]), replies[2] if tier else None, replies[-1] if costs else None
 
 
 def _tier_of_list(key: str) -> str:

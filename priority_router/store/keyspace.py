@@ -15,7 +15,7 @@ from typing import Any
 
 import redis
 
-from .costs import RESOLUTION, as_count, extras_value
+from .costs import RESOLUTION, as_count, extras_value, sentinel_extras
 from .keys import client_key, glob_escape
 
 
@@ -47,8 +47,9 @@ class Layout:
     read: str
     #: ``documents(value)``: the documents a value counts; None when there is no state.
     documents: Callable[[Any], int | None]
-    #: Ends the key of what the client's costed documents add (``costs.py``), after its hash tag.
-    extras_suffix: str
+    #: Ends the key of what the client's costed documents add (``costs.py``), after its hash
+    #: tag; None: they are the oldest entry of the client's list.
+    extras_suffix: str | None
 
 
 class ClientKeys:
@@ -61,7 +62,8 @@ class ClientKeys:
         self._layout = layout
         #: Matches this mode's keys and no other (``SCAN``'s MATCH).
         self._pattern = glob_escape(prefix) + "{*}" + glob_escape(layout.suffix)
-        self._extras_pattern = glob_escape(prefix) + "{*}" + glob_escape(layout.extras_suffix)
+        suffix = layout.extras_suffix
+        self._extras_pattern = None if suffix is None else glob_escape(prefix) + "{*}" + glob_escape(suffix)
 
     @property
     def reset_interval_ms(self) -> int:
@@ -70,9 +72,18 @@ class ClientKeys:
     def key(self, client_id: str) -> str:
         return self._layout.key(self._prefix, client_id)
 
-    def extras_key(self, client_id: str) -> str:
-        """The key of what the client's costed documents add beyond 1 each (``costs.py``)."""
-        return client_key(self._prefix, client_id) + self._layout.extras_suffix
+    def extras_key(self, client_id: str) -> str | None:
+        """The key of what the client's costed documents add beyond 1 each (``costs.py``);
+        None when they live in the client's own key."""
+        suffix = self._layout.extras_suffix
+        return None if suffix is None else client_key(self._prefix, client_id) + suffix
+
+    def _read_extras(self, pipe: Any, key: str, client_id: str) -> None:
+        extras = self.extras_key(client_id)
+        if extras is None:
+            pipe.lindex(key, -1)
+        else:
+            pipe.get(extras)
 
     def read(self, client_id: str) -> CounterState:
         """The client's state without changing it (pending 0 when it has none)."""
@@ -80,7 +91,7 @@ class ClientKeys:
         with self._redis.pipeline(transaction=True) as pipe:
             getattr(pipe, self._layout.read)(key)
             pipe.pttl(key)
-            pipe.get(self.extras_key(client_id))
+            self._read_extras(pipe, key, client_id)
             raw, ttl, extras = pipe.execute()
         return self._state(client_id, key, raw, ttl, extras) or CounterState(client_id, 0, key, None)
 
@@ -88,7 +99,12 @@ class ClientKeys:
         documents = self._layout.documents(raw)
         if documents is None:
             return None
-        counted = max(0, documents * RESOLUTION + extras_value(extras))
+        if self._layout.extras_suffix is None:
+            in_list = sentinel_extras(extras)
+            documents, extra = (documents, 0) if in_list is None else (documents - 1, in_list)
+        else:
+            extra = extras_value(extras)
+        counted = max(0, documents * RESOLUTION + extra)
         return CounterState(
             client_id, as_count(RESOLUTION - counted), key, ttl if ttl >= 0 else None, as_count(counted)
         )
@@ -96,7 +112,8 @@ class ClientKeys:
     def clear(self, client_id: str) -> bool:
         """Forget one client; True when it had state."""
         extras = self.extras_key(client_id)
-        return bool(self._redis.delete(self.key(client_id))) | bool(self._redis.delete(extras))
+        cleared = bool(self._redis.delete(self.key(client_id)))
+        return bool(self._redis.delete(extras)) or cleared if extras is not None else cleared
 
     def scan(self, count: int = 500) -> Iterator[CounterState]:
         """Every tracked client, read in batches of ``count``."""
@@ -115,7 +132,7 @@ class ClientKeys:
         batch: list[bytes | str] = []
         # On Redis Cluster, redis-py splits ``unlink(*keys)`` into one UNLINK per hash slot,
         # so a batch whose keys live on several masters never sends a cross-slot command.
-        for pattern in (self._pattern, self._extras_pattern):
+        for pattern in filter(None, (self._pattern, self._extras_pattern)):
             for key in self._redis.scan_iter(match=pattern, count=count):
                 batch.append(key)
                 if len(batch) >= count:
@@ -131,7 +148,7 @@ class ClientKeys:
             for key, client_id in zip(keys, clients, strict=True):
                 getattr(pipe, self._layout.read)(key)
                 pipe.pttl(key)
-                pipe.get(self.extras_key(client_id or ""))
+                self._read_extras(pipe, key, client_id or "")
             replies = pipe.execute()
         for i, (key, client_id) in enumerate(zip(keys, clients, strict=True)):
             if client_id is None:

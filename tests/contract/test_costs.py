@@ -134,7 +134,7 @@ def test_inflight_count_is_zero_exactly_once_everything_ended(client: redis.Redi
     for n, d in reversed(list(enumerate(docs))):
         router.end("acme", d, cost=0.001 + n * 1.7)
     assert router.state("acme").pending == 0 and router.state("acme").ttl_ms is None
-    assert not client.exists(router.store.extras_key("acme"))
+    assert not client.exists(router.store.key("acme"))
     assert router.record("acme", ids(1)[0]).pending == 0
 
 
@@ -182,3 +182,32 @@ def test_other_publishers_read_the_costs_once_they_are_in_use(client: redis.Redi
     costed.record("acme", cost=10)
     other.costs_in_use._read_until = 0  # its next read of the marker is due
     assert other.record("acme").pending == -10
+
+
+def test_inflight_counted_cost_is_the_costs_in_flight_under_any_interleaving(
+    client: redis.Redis, key_prefix: str
+) -> None:
+    import random
+
+    rng = random.Random(20261201)
+    router = make(client, key_prefix, mode="inflight")
+    in_flight: dict[str, float] = {}
+    ended: list[tuple[str, float]] = []
+    for step in range(400):
+        roll = rng.random()
+        if roll < 0.45 or not in_flight:
+            task, cost = f"t{step}", rng.choice([1, 1, 0.5, 2.5, 30, 0.001, 7.25])
+            expected = -round(sum(in_flight.values()), 3)
+            assert router.record("acme", task, cost=cost).pending == pytest.approx(expected)
+            in_flight[task] = cost
+        elif roll < 0.85:
+            task = rng.choice(sorted(in_flight))
+            assert router.end("acme", task, cost=in_flight[task]) is True
+            ended.append((task, in_flight.pop(task)))
+        else:  # a duplicate or redelivered end gives nothing back
+            task, cost = rng.choice(ended) if ended else ("never", 1.0)
+            assert router.end("acme", task, cost=cost) is False
+        assert router.state("acme").counted == pytest.approx(round(sum(in_flight.values()), 3))
+    for task, cost in list(in_flight.items()):
+        router.end("acme", task, cost=cost)
+    assert router.state("acme").ttl_ms is None and not client.exists(router.store.key("acme"))

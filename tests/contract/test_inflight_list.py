@@ -163,7 +163,7 @@ def test_entries_are_stored_compactly(real_redis: redis.Redis, key_prefix: str) 
 def test_a_publish_cut_off_before_exec_changes_nothing(real_redis: redis.Redis, key_prefix: str) -> None:
     counter = InflightCounter(real_redis, key_prefix, 1500)
     key = counter.key("cut")
-    head, tail, _ = counter._pack(key, False, None)
+    head, tail, _ = counter._pack(key, False)
     send_cut_before_exec(real_redis, head + b"$8\r\n" + member("cut") + b"\r\n" + tail)
     time.sleep(0.05)
     assert real_redis.exists(key) == 0

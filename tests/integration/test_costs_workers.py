@@ -96,7 +96,7 @@ def test_inflight_costs_return_to_zero_after_every_end_even_a_killed_workers(
             time.sleep(0.05)
     state = router.state("acme")
     assert (state.counted, state.pending) == (0, 0)
-    assert not router.redis.exists(router.store.extras_key("acme"))
+    assert not router.redis.exists(router.store.key("acme"))
 
 
 def test_inspect_and_status_show_a_clients_counted_cost(
