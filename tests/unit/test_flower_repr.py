@@ -39,3 +39,9 @@ def test_a_republished_message_is_not_annotated_twice() -> None:
 def test_odd_client_ids_stay_a_valid_literal() -> None:
     odd = Decision("a'b\"c\n{}", None, 5, Reason.FAIL_OPEN)
     assert ast.literal_eval(annotate_kwargsrepr("{'x': 1}", odd))["priority_router_client"] == "a'b\"c\n{}"
+
+
+def test_a_costed_document_shows_its_cost_and_a_unit_one_shows_none() -> None:
+    costed = ast.literal_eval(annotate_kwargsrepr("{}", Decision("acme", -30.5, 9, Reason.COUNTED, cost=2.5)))
+    assert costed["priority_router_cost"] == 2.5 and costed["priority_router_pending"] == -30.5
+    assert "priority_router_cost" not in annotate_kwargsrepr("{}", ACME)
