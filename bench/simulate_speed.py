@@ -4,12 +4,15 @@ Writes a CSV trace of ``--documents`` documents from ``--clients`` clients (ever
 sends at least one; the rest pick clients by a Zipf law, so a few clients send most;
 ``--burst-share`` of the documents come in bursts of 200-2,000 from one client at one
 instant), arriving as a Poisson stream that keeps ``--workers`` slots about
-``--load`` busy, with lognormal lengths of mean 1 s.  Then, pinned to one CPU, it loads
-the trace as ``simulate`` does and runs every policy, timing the event loop and the
-metrics of each.
+``--load`` busy, with lognormal lengths of mean 1 s (and, with ``--cost-column``, a
+``cost`` column of lognormal costs of mean 5, to the thousandth).  Then, pinned to one
+CPU, it loads the trace as ``simulate`` does, counts costs as ``--cost`` says and runs
+every policy, timing the event loop and the metrics of each.
 
     python bench/simulate_speed.py                       # 1,000,000 documents, 10,000 clients
     python bench/simulate_speed.py --documents 100000    # a quick look
+    python bench/simulate_speed.py --cost-column         # documents with costs
+    python bench/simulate_speed.py --cost duration       # counted by their seconds
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from priority_router.config import RouterConfig  # noqa: E402
-from priority_router.simulation import POLICIES, build, load_csv, run, summarize  # noqa: E402
+from priority_router.simulation import EVERY_POLICY, build, load_csv, run, summarize  # noqa: E402
+from priority_router.simulation.costs import BASES, counted_by  # noqa: E402
 
 
 def write_trace(path: Path, args: argparse.Namespace) -> None:
@@ -51,12 +55,14 @@ def write_trace(path: Path, args: argparse.Namespace) -> None:
     rng.shuffle(events)
     rate = args.load * args.workers * len(events) / args.documents  # events/s for that load
     t = 0.0
+    costed = args.cost_column
     with open(path, "w") as f:
-        f.write("timestamp,client_id,duration\n")
+        f.write("timestamp,client_id,duration,cost\n" if costed else "timestamp,client_id,duration\n")
         for event in events:
             t += rng.expovariate(rate)
             for client in event:
-                f.write(f"{t:.6f},client{client},{rng.lognormvariate(mu, sigma):.6f}\n")
+                line = f"{t:.6f},client{client},{rng.lognormvariate(mu, sigma):.6f}"
+                f.write(f"{line},{5 * rng.lognormvariate(mu, sigma):.3f}\n" if costed else f"{line}\n")
 
 
 def main() -> None:
@@ -69,7 +75,9 @@ def main() -> None:
     parser.add_argument("--load", type=float, default=0.98, help="share of the slots' capacity asked for")
     parser.add_argument("--burst-share", type=float, default=0.2, help="share of documents sent in bursts")
     parser.add_argument("--max-wait", type=float, default=60.0, help="seconds, for the +max_wait policies")
-    parser.add_argument("--policies", default=",".join(POLICIES))
+    parser.add_argument("--policies", default=",".join(EVERY_POLICY))
+    parser.add_argument("--cost-column", action="store_true", help="write a cost column")
+    parser.add_argument("--cost", choices=BASES, default=BASES[0], help="what a document counts for")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--cpu", type=int, help="the CPU to pin to [the first one this process may use]")
     args = parser.parse_args()
@@ -91,11 +99,12 @@ def main() -> None:
         written = time.perf_counter() - began
         size = path.stat().st_size
         began = time.perf_counter()
-        trace = load_csv(path)
+        trace = counted_by(load_csv(path), args.cost)
         loaded = time.perf_counter() - began
     print(
         f"{len(trace):,} documents, {len(trace.clients):,} clients, {args.workers} workers, "
-        f"load {args.load:g}, max_wait {args.max_wait:g} s; {where}; Python {sys.version.split()[0]}"
+        f"load {args.load:g}, max_wait {args.max_wait:g} s, cost {args.cost}"
+        f"{' (a cost column)' if args.cost_column else ''}; {where}; Python {sys.version.split()[0]}"
     )
     print(f"trace: {size / 1e6:.0f} MB written in {written:.1f} s (not counted), loaded in {loaded:.2f} s")
     print("| policy | event loop | metrics | total | documents/s | makespan | longest wait |")

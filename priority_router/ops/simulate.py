@@ -4,6 +4,7 @@
     priority-router simulate --workload noisy-neighbour --workers 8 --max-wait 1 --plot waits.png
     priority-router simulate trace.csv --policies fifo,seed,drr --json
     priority-router simulate trace.csv --tier importer=weight=4 --tier partner=shift=-1 --default-tier shift=1
+    priority-router simulate --workload mixed-sizes --cost duration
 
 The router's settings come from the options, else from ``PRIORITY_ROUTER_*`` variables
 (and the group's ``--reset-interval``), as the other commands read them.
@@ -22,7 +23,8 @@ from ..config import RouterConfig
 from ..errors import ConfigurationError
 from ..policy import DOCBITS_THRESHOLDS, MOST_URGENT, Policy
 from ..simulation.compare import compare
-from ..simulation.policies import POLICIES
+from ..simulation.costs import BASES, MAX_COST, counted_by
+from ..simulation.policies import EVERY_POLICY, POLICIES
 from ..simulation.report import (
     PlotUnavailable,
     as_json,
@@ -44,8 +46,15 @@ THRESHOLDS_HELP = (
     + ",".join(f"{r.below}:{r.priority}" for r in DOCBITS_THRESHOLDS.thresholds)
 )
 BOUNDED = tuple(p for p in POLICIES if p.endswith("+max_wait"))
-#: The policies tiers apply to: the router's; fifo and drr have no priorities.
+#: The policies tiers apply to: the router's; fifo, rr and drr have no priorities.
 TIERED = tuple(p for p in POLICIES if p.startswith(("seed", "inflight")))
+COST_HELP = (
+    "What each document counts for in the router's policies, and what drr shares by: column: "
+    "the trace's cost column (1 without one); duration: its seconds (the expected seconds a "
+    "publisher would pass); document: 1 each."
+)
+#: How the tables' heading names what was counted, when it is not 1 per document.
+COUNTED = {"column": "cost: the cost column", "duration": "cost: seconds (--cost duration)"}
 TIER_HELP = (
     "A client's tier for the router's policies, as `priority-router tier set` stores it: "
     "CLIENT=weight=W,shift=S or CLIENT=fixed=P, or CLIENT=neutral (exempt from --default-tier). "
@@ -95,10 +104,11 @@ def _policies(ctx: click.Context, param: click.Parameter, value: str | None) -> 
     if value is None:
         return None
     names = tuple(dict.fromkeys(p.strip() for p in value.split(",") if p.strip()))
-    unknown = [p for p in names if p not in POLICIES]
+    unknown = [p for p in names if p not in EVERY_POLICY]
     if unknown or not names:
         raise click.BadParameter(
-            f"{', '.join(unknown) or 'nothing'} is not a policy; use a comma list of {', '.join(POLICIES)}",
+            f"{', '.join(unknown) or 'nothing'} is not a policy; use a comma list of "
+            + ", ".join(EVERY_POLICY),
             ctx,
             param,
         )
@@ -146,7 +156,8 @@ def _tiers_file(ctx: click.Context, param: click.Parameter, value: Path | None) 
 @click.option(
     "--workload",
     type=click.Choice(list(WORKLOADS)),
-    help="Simulate a built-in workload (the benchmarks' own) instead of a TRACE file.",
+    help="Simulate a built-in workload (the benchmarks' own, and mixed-sizes for costs) instead "
+    "of a TRACE file.",
 )
 @click.option("--seed", type=int, help=f"Seed of a built-in workload's document lengths [{DEFAULT_SEED}].")
 @click.option(
@@ -171,9 +182,16 @@ def _tiers_file(ctx: click.Context, param: click.Parameter, value: Path | None) 
 @click.option(
     "--policies",
     callback=_policies,
-    help=f"Comma list of policies to compare [all: {','.join(POLICIES)}].",
+    help=f"Comma list of policies to compare, of {', '.join(EVERY_POLICY)} [all but rr; rr too "
+    "when documents have costs].",
 )
-@click.option("--quantum", type=float, help="DRR quantum in seconds [the trace's longest document].")
+@click.option("--cost", type=click.Choice(BASES), default=BASES[0], show_default=True, help=COST_HELP)
+@click.option(
+    "--quantum",
+    type=float,
+    help="DRR quantum, in cost when documents have costs, else in seconds [the largest cost, or "
+    "the longest document].",
+)
 @click.option(
     "--tier", "client_tiers", multiple=True, callback=_client_tiers, metavar="CLIENT=TIER", help=TIER_HELP
 )
@@ -221,6 +239,7 @@ def simulate(
     reset_interval: float | None,
     max_wait: float | None,
     policies: tuple[str, ...] | None,
+    cost: str,
     quantum: float | None,
     client_tiers: dict[str, Tier],
     default_tier: Tier | None,
@@ -230,12 +249,13 @@ def simulate(
     plot_path: Path | None,
     clients: int,
 ) -> None:
-    """Compare queue policies on TRACE (a CSV file timestamp,client_id,duration) or a --workload.
+    """Compare queue policies on TRACE (a CSV file timestamp,client_id,duration[,cost]) or a --workload.
 
     Simulates FIFO (plain Celery), the router's seed and inflight modes (each also with
-    --max-wait) and deficit round robin over clients (the ideal no broker offers) with the
-    router's own threshold table and tiers, and shows each client's p50/p95/max wait, the
-    makespan and Jain's index of the clients' slowdowns.  No broker, no Redis.
+    --max-wait), counting each document by its cost, and round robin over clients, per
+    document (rr) and by cost (drr): the ideals no broker offers.  With the router's own
+    threshold table and tiers, it shows each client's p50/p95/max wait, the makespan and
+    Jain's index of the clients' slowdowns.  No broker, no Redis.
     """
     if (trace is None) == (workload is None):
         raise click.UsageError("give a TRACE file or --workload NAME (one of them)")
@@ -245,10 +265,11 @@ def simulate(
         )
     if quantum is not None and not quantum > 0:
         raise click.BadParameter(
-            f"{quantum!r} is not a positive number of seconds", ctx, param_hint="--quantum"
+            f"{quantum!r} is not a positive number (of seconds, or of cost when documents have costs)",
+            ctx,
+            param_hint="--quantum",
         )
     config = _config(ctx, reset_interval, max_wait, thresholds)
-    chosen = _chosen(policies, config)
     tiers = Tiers({**tiers_file, **client_tiers}, default_tier)
     if tiers and not config.tiers:
         raise click.UsageError(
@@ -262,7 +283,8 @@ def simulate(
             raise click.UsageError(str(exc)) from None
 
     source = trace.name if trace is not None else f"workload {workload}"
-    loaded = _load(trace, workload, DEFAULT_SEED if seed is None else seed)
+    loaded = _counted(_load(trace, workload, DEFAULT_SEED if seed is None else seed), cost)
+    chosen = _chosen(policies, config, bool(loaded.cost_units))
     console = Console(stderr=as_json_flag)
     if not as_json_flag and policies is None and config.max_wait is None:
         console.print(f"[dim]{' and '.join(BOUNDED)} need --max-wait SECONDS: left out[/]")
@@ -290,6 +312,7 @@ def simulate(
         + ("" if thresholds is None else ", custom thresholds")
         + ("" if not overhead else f", overhead {overhead * 1000:g} ms per document")
         + ("" if not tiers else f", {tiers.summary()}")
+        + ("" if not loaded.cost_units else f", {COUNTED[cost]}")
     )
     size = f"{len(loaded)} documents, {len(loaded.clients)} clients, {workers} workers"
     console.print(summary_table(outcomes, f"{source}: {size}; {settings}"))
@@ -314,7 +337,8 @@ def _tier_notes(console: Console, tiers: Tiers, loaded: Trace, chosen: tuple[str
     ignoring = [p for p in chosen if p not in TIERED]
     if ignoring:
         verb = "ignores" if len(ignoring) == 1 else "ignore"
-        console.print(f"[dim]{' and '.join(ignoring)} {verb} tiers (no priorities)[/]")
+        names = ", ".join(ignoring[:-1]) + " and " + ignoring[-1] if len(ignoring) > 1 else ignoring[0]
+        console.print(f"[dim]{names} {verb} tiers (no priorities)[/]")
 
 
 def _config(
@@ -333,9 +357,11 @@ def _config(
         raise click.BadParameter(f"{exc.problem}. Fix: {exc.fix}", ctx, param_hint=option) from None
 
 
-def _chosen(policies: tuple[str, ...] | None, config: RouterConfig) -> tuple[str, ...]:
+def _chosen(policies: tuple[str, ...] | None, config: RouterConfig, costed: bool) -> tuple[str, ...]:
     if policies is None:
-        return tuple(p for p in POLICIES if config.max_wait is not None or p not in BOUNDED)
+        # With every cost 1, drr shares by seconds and rr stays out, as before costs.
+        shown = EVERY_POLICY if costed else POLICIES
+        return tuple(p for p in shown if config.max_wait is not None or p not in BOUNDED)
     needing = [p for p in policies if p in BOUNDED]
     if needing and config.max_wait is None:
         raise click.BadParameter(
@@ -343,6 +369,17 @@ def _chosen(policies: tuple[str, ...] | None, config: RouterConfig) -> tuple[str
             param_hint="--policies",
         )
     return policies
+
+
+def _counted(loaded: Trace, cost: str) -> Trace:
+    try:
+        return counted_by(loaded, cost)
+    except TraceError:
+        raise click.BadParameter(
+            f"a document lasts more than {MAX_COST:,} s, the largest cost the router counts; "
+            "count by the cost column or by document",
+            param_hint="--cost",
+        ) from None
 
 
 def _load(trace: Path | None, workload: str | None, seed: int) -> Trace:

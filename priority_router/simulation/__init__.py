@@ -3,8 +3,9 @@
 A discrete-event simulation (``engine``) of ``workers`` slots taking documents from one
 queue discipline (``policies``): plain Celery's FIFO, the router's seed and inflight
 modes with and without ``max_wait`` (the router's own threshold table, tiers and sweep
-rule; ``counters`` restates the Redis reset), and deficit round robin over clients as the
-ideal reference.  ``docs/simulate.md`` describes the model and its assumptions.
+rule; ``counters`` restates the Redis reset; ``costs`` what each document counts for), and
+round robin over clients, per document and by cost, as the ideal references.
+``docs/simulate.md`` describes the model and its assumptions.
 """
 
 from __future__ import annotations
@@ -12,20 +13,23 @@ from __future__ import annotations
 from .compare import compare
 from .engine import Schedule, run
 from .metrics import ClientWaits, Outcome, jain, p95, slowdown, summarize
-from .policies import POLICIES, DeficitRoundRobin, Fifo, RouterQueue, build
+from .policies import EVERY_POLICY, POLICIES, DeficitRoundRobin, Fifo, RoundRobin, RouterQueue, build
 from .tiers import Tiers, TierSpecError, load_tiers_csv, parse_client_tier, parse_tier
 from .trace import Trace, TraceBuilder, TraceError, load_csv
-from .workloads import WORKLOADS, HeavyMix, NoisyNeighbour, SteadyBurst
+from .workloads import WORKLOADS, HeavyMix, MixedSizes, NoisyNeighbour, SteadyBurst
 
 __all__ = [
+    "EVERY_POLICY",
     "POLICIES",
     "WORKLOADS",
     "ClientWaits",
     "DeficitRoundRobin",
     "Fifo",
     "HeavyMix",
+    "MixedSizes",
     "NoisyNeighbour",
     "Outcome",
+    "RoundRobin",
     "RouterQueue",
     "Schedule",
     "SteadyBurst",

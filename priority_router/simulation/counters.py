@@ -16,6 +16,12 @@ code but Redis TTL behaviour, so it is restated here and checked against the rea
 
 Redis counts TTLs in whole milliseconds; these compare seconds, so the two can differ only
 for a gap within a millisecond of ``reset_interval``.
+
+Both count in whatever whole unit they are given per document: 1 by default (the count in
+documents, as the stores answer without costs), or the document's cost in the router's
+units (``costs.py``, ``one`` units per cost 1).  A document is checked at the count
+before it, so a spell's first document is checked at 0 however much it costs, and an end
+gives back what its publish counted.
 """
 
 from __future__ import annotations
@@ -24,55 +30,63 @@ from collections.abc import Hashable
 
 
 class SeedCount:
-    """Documents submitted in each client's busy spell (``mode="seed"``)."""
+    """What each client submitted in its busy spell (``mode="seed"``)."""
 
-    def __init__(self, reset_interval: float) -> None:
+    def __init__(self, reset_interval: float, one: int = 1) -> None:
         self.reset_interval = reset_interval
-        #: client -> [documents in the spell, time of the last check]
+        self.one = one
+        #: client -> [units counted in the spell, time of the last check]
         self._state: dict[Hashable, list[float]] = {}
 
-    def check(self, client: Hashable, now: float) -> int:
-        """One counted submission at ``now``; the new pending count (0, -1, -2, ...)."""
+    def check(self, client: Hashable, now: float, units: int = 1) -> int:
+        """One counted submission of ``units`` at ``now``; the pending count it is checked
+        at: minus what the spell counted before it (0, -1, -2, ... with units of 1)."""
         state = self._state.get(client)
         if state is None or now - state[1] > self.reset_interval:
-            self._state[client] = [1, now]
+            self._state[client] = [units, now]
             return 0
-        state[0] += 1
+        before = int(state[0])
+        state[0] = before + units
         state[1] = now
-        return 1 - int(state[0])
+        return -before
 
     def pending(self, client: Hashable, now: float) -> int:
-        """The count a read at ``now`` shows, without counting (0 when reset)."""
+        """The count a read at ``now`` shows, without counting: 1 - what the spell counted
+        (``one`` - units), 0 when reset."""
         state = self._state.get(client)
         if state is None or now - state[1] > self.reset_interval:
             return 0
-        return 1 - int(state[0])
+        return self.one - int(state[0])
 
 
 class InflightCount:
-    """Documents published and not yet finished, per client (``mode="inflight"``)."""
+    """What each client published and did not finish yet (``mode="inflight"``)."""
 
-    def __init__(self, reset_interval: float) -> None:
+    def __init__(self, reset_interval: float, one: int = 1) -> None:
         self.reset_interval = reset_interval
-        #: client -> [documents in its list, time the TTL was last armed, which list]
+        self.one = one
+        #: client -> [units in its list, time the TTL was last armed, which list]
         self._state: dict[Hashable, list[float]] = {}
         #: document -> the list it was pushed onto, until it ends
         self._list_of: dict[Hashable, float] = {}
         self._lists = 0
 
-    def check(self, client: Hashable, document: Hashable, now: float) -> int:
-        """The counted publish of ``document`` at ``now``; the new pending count."""
+    def check(self, client: Hashable, document: Hashable, now: float, units: int = 1) -> int:
+        """The counted publish of ``document``, ``units`` of it, at ``now``; the pending
+        count it is checked at: minus what is in flight before it."""
         state = self._state.get(client)
         if state is None or now - state[1] > self.reset_interval:
             self._lists += 1
             state = self._state[client] = [0, now, self._lists]
-        state[0] += 1
+        before = int(state[0])
+        state[0] = before + units
         state[1] = now
         self._list_of[document] = state[2]
-        return 1 - int(state[0])
+        return -before
 
-    def end(self, client: Hashable, document: Hashable, now: float) -> bool:
-        """The end of ``document`` at ``now``; True when it was still counted."""
+    def end(self, client: Hashable, document: Hashable, now: float, units: int = 1) -> bool:
+        """The end of ``document`` (``units``: as its publish counted it) at ``now``; True
+        when it was still counted."""
         pushed_onto = self._list_of.pop(document, None)
         state = self._state.get(client)
         if state is None:
@@ -83,14 +97,15 @@ class InflightCount:
         state[1] = now
         if pushed_onto != state[2]:
             return False
-        state[0] -= 1
+        state[0] -= units
         if not state[0]:
             del self._state[client]  # Redis deletes a list whose last entry goes
         return True
 
     def pending(self, client: Hashable, now: float) -> int:
-        """The count a read at ``now`` shows: 1 - in flight, 0 with nothing in flight."""
+        """The count a read at ``now`` shows: 1 - in flight (``one`` - units), 0 with
+        nothing in flight."""
         state = self._state.get(client)
         if state is None or now - state[1] > self.reset_interval:
             return 0
-        return 1 - int(state[0])
+        return self.one - int(state[0])

@@ -1,46 +1,55 @@
 """Queue disciplines: which waiting document a free worker slot takes next.
 
 - ``fifo``: plain Celery, one queue, first in first out.
-- ``seed`` / ``inflight``: the router.  At publish the client's count (``counters.py``)
-  gives ``pending``, the router's threshold table gives the logical priority, and the
-  document joins that priority's list; a free slot takes the oldest document of the most
-  urgent non-empty list (kombu's Redis transport with the router's settings: one list
-  per priority step, polled in priority order).
+- ``seed`` / ``inflight``: the router.  At publish the client's count (``counters.py``,
+  each document counted by its cost: ``costs.py``) gives ``pending``, the router's
+  threshold table gives the logical priority, and the document joins that priority's list;
+  a free slot takes the oldest document of the most urgent non-empty list (kombu's Redis
+  transport with the router's settings: one list per priority step, polled in priority
+  order).
 - ``+max_wait``: the worker's sweeper runs every ``sweep_interval(max_wait)`` seconds
   and moves every document published ``max_wait`` or more seconds ago (at most
   ``BATCH * MAX_CALLS`` per sweep), oldest first, to step 0, the list polled before every
   priority (``integration/lua/promote.lua``).
-- ``drr``: deficit round robin over clients with document seconds as the cost, the ideal
-  no broker offers: each client with waiting documents gets ``quantum`` seconds of work
-  per round.
+- ``rr``: round robin over clients, one document per client per turn: the ideal of
+  counting documents.
+- ``drr``: deficit round robin over clients, the ideal of counting costs: each client with
+  waiting documents gets ``quantum`` of cost per round, by the documents' costs, or by
+  their seconds when every document costs 1 (by a cost of 1 it would be ``rr``).
+
+Both ideals are what no broker offers.
 
 Tiers (``tiers.py``) adjust the router's priorities (seed and inflight, with or without
-max_wait); ``fifo`` and ``drr`` have no priorities and ignore them.
+max_wait); ``fifo``, ``rr`` and ``drr`` have no priorities and ignore them.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from ..config import RouterConfig
 from ..integration.starvation import BATCH, MAX_CALLS, sweep_interval
 from ..policy import LEAST_URGENT, Policy
+from .costs import ONE, RESOLUTION, as_count, whole
 from .counters import InflightCount, SeedCount
 from .tiers import Tiers
 from .trace import Trace
 
 #: Every policy ``simulate`` knows, in the order it reports them.
-POLICIES = ("fifo", "seed", "seed+max_wait", "inflight", "inflight+max_wait", "drr")
+EVERY_POLICY = ("fifo", "seed", "seed+max_wait", "inflight", "inflight+max_wait", "rr", "drr")
+#: The policies ``simulate`` compares unless told, as before costs: all but ``rr``, which
+#: the command adds when documents have costs.
+POLICIES = tuple(p for p in EVERY_POLICY if p != "rr")
 #: Most documents one sweep promotes (a sweep calls the script up to MAX_CALLS times).
 SWEEP_LIMIT = BATCH * MAX_CALLS
 
-#: ``prioritize(client_id, pending)`` -> logical priority 1..9.  The router's is its
-#: threshold table's ``priority_for(pending)``; with tiers, ``Tiers.prioritize`` (the
-#: client's tier, else the default tier, else the table).
-Prioritize = Callable[[str, int], int]
+#: ``prioritize(client_id, pending)`` -> logical priority 1..9, for a count that may be
+#: fractional (costs).  The router's is its threshold table's ``priority_for(pending)``;
+#: with tiers, ``Tiers.prioritize`` (the client's tier, else the default tier, else the table).
+Prioritize = Callable[[str, float], int]
 
 
 class Discipline(Protocol):
@@ -115,15 +124,24 @@ class RouterQueue:
         self._seed = SeedCount(reset_interval)
         self._inflight = InflightCount(reset_interval)
         self._ids: tuple[str, ...] = ()
+        self._units: list[int] = []
+        # Chosen per trace, so that a trace without costs runs the code it ran before costs.
+        self.publish: Callable[[int, int, float], None] = self._publish
+        self.finish: Callable[[int, int, float], None] = self._finish
 
     def prepare(self, trace: Trace, published: list[float]) -> None:
         self._lists = [deque() for _ in range(LEAST_URGENT + 1)]
         self._published = published
-        self._seed = SeedCount(self.reset_interval)
-        self._inflight = InflightCount(self.reset_interval)
+        self._units = trace.cost_units
+        # Without costs the counts are in documents, as the router's were before costs.
+        one = ONE if self._units else 1
+        self._seed = SeedCount(self.reset_interval, one)
+        self._inflight = InflightCount(self.reset_interval, one)
         self._ids = trace.clients
+        self.publish = self._publish_costed if self._units else self._publish
+        self.finish = self._finish_costed if self._units else self._finish
 
-    def publish(self, doc: int, client: int, now: float) -> None:
+    def _publish(self, doc: int, client: int, now: float) -> None:
         if self.mode == "seed":
             pending = self._seed.check(client, now)
         else:
@@ -134,15 +152,31 @@ class RouterQueue:
             priority = self.prioritize(self._ids[client], pending)
         self._lists[priority].append(doc)
 
+    def _publish_costed(self, doc: int, client: int, now: float) -> None:
+        units = self._units[doc]
+        if self.mode == "seed":
+            pending = self._seed.check(client, now, units)
+        else:
+            pending = self._inflight.check(client, doc, now, units)
+        if self.prioritize is None:
+            priority = self.thresholds.priority_for(whole(pending))
+        else:
+            priority = self.prioritize(self._ids[client], as_count(pending))
+        self._lists[priority].append(doc)
+
     def take(self) -> int:
         for waiting in self._lists:
             if waiting:
                 return waiting.popleft()
         raise IndexError("take() from an empty queue")
 
-    def finish(self, doc: int, client: int, now: float) -> None:
+    def _finish(self, doc: int, client: int, now: float) -> None:
         if self.mode == "inflight":
             self._inflight.end(client, doc, now)
+
+    def _finish_costed(self, doc: int, client: int, now: float) -> None:
+        if self.mode == "inflight":
+            self._inflight.end(client, doc, now, self._units[doc])
 
     def sweep(self, now: float) -> None:
         """promote.lua: while the oldest document of the priority lists was published at
@@ -168,27 +202,76 @@ class RouterQueue:
                 heapq.heappop(heads)
 
 
+class RoundRobin:
+    """Round robin over clients: one document per client per turn, whatever it costs.
+
+    Clients with waiting documents take turns in the order they became busy; a turn serves
+    the client's oldest document, and a client with more waiting then goes to the back
+    (at the next take, as in :class:`DeficitRoundRobin`, so a client that became busy
+    meanwhile goes before it).
+    """
+
+    sweep_every: float | None = None
+
+    def __init__(self) -> None:
+        self._queues: dict[int, deque[int]] = {}
+        self._active: deque[int] = deque()
+        self._turn = False
+
+    def prepare(self, trace: Trace, published: list[float]) -> None:
+        self._queues = {}
+        self._active = deque()
+        self._turn = False
+
+    def publish(self, doc: int, client: int, now: float) -> None:
+        waiting = self._queues.get(client)
+        if waiting is None:
+            waiting = self._queues[client] = deque()
+        if not waiting:
+            self._active.append(client)
+        waiting.append(doc)
+
+    def take(self) -> int:
+        active = self._active
+        if self._turn:
+            active.rotate(-1)
+        waiting = self._queues[active[0]]
+        doc = waiting.popleft()
+        self._turn = bool(waiting)
+        if not waiting:
+            active.popleft()
+        return doc
+
+    def finish(self, doc: int, client: int, now: float) -> None:
+        return None
+
+    def sweep(self, now: float) -> None:
+        return None
+
+
 class DeficitRoundRobin:
-    """Deficit round robin over clients (Shreedhar and Varghese, 1996), cost = seconds.
+    """Deficit round robin over clients (Shreedhar and Varghese, 1996) by the documents'
+    costs, or by their seconds when every document costs 1: by a cost of 1 it would be
+    :class:`RoundRobin`, and seconds of work are what it always shared.
 
     Clients with waiting documents take turns in the order they became busy; a turn adds
-    ``quantum`` seconds to the client's deficit and serves its documents, oldest first,
-    while the next one fits in the deficit.  A client that runs out of documents leaves
-    the round and loses its deficit.  The default quantum is the trace's longest
-    document, so every turn serves at least one document (the classic choice: work per
-    document stays constant however many clients wait).
+    ``quantum`` to the client's deficit and serves its documents, oldest first, while the
+    next one fits in the deficit.  A client that runs out of documents leaves the round and
+    loses its deficit.  The default quantum is the trace's largest cost (longest document),
+    so every turn serves at least one document (the classic choice: work per document
+    stays constant however many clients wait).
     """
 
     sweep_every: float | None = None
 
     def __init__(self, quantum: float | None = None) -> None:
         if quantum is not None and not quantum > 0:
-            raise ValueError(f"quantum {quantum!r} is not a positive number of seconds")
+            raise ValueError(f"quantum {quantum!r} is not a positive number of seconds or cost")
         self.quantum = quantum
         self._queues: dict[int, deque[int]] = {}
         self._active: deque[int] = deque()
         self._deficit: dict[int, float] = {}
-        self._duration: list[float] = []
+        self._cost: Sequence[float] = []
         self._turn = False
         self._q = 0.0
 
@@ -196,9 +279,12 @@ class DeficitRoundRobin:
         self._queues = {}
         self._active = deque()
         self._deficit = {}
-        self._duration = trace.duration
         self._turn = False
-        self._q = self.quantum if self.quantum is not None else max(trace.duration)
+        # The deficits count in the costs' units, so a quantum given as a cost is scaled to them.
+        costs: Sequence[float] = trace.cost_units or trace.duration
+        scale = RESOLUTION if trace.cost_units else 1
+        self._cost = costs
+        self._q = self.quantum * scale if self.quantum is not None else max(costs)
 
     def publish(self, doc: int, client: int, now: float) -> None:
         waiting = self._queues.get(client)
@@ -218,7 +304,7 @@ class DeficitRoundRobin:
                 deficit[client] += self._q
                 self._turn = True
             waiting = self._queues[client]
-            cost = self._duration[waiting[0]]
+            cost = self._cost[waiting[0]]
             if cost <= deficit[client]:
                 deficit[client] -= cost
                 doc = waiting.popleft()
@@ -240,15 +326,17 @@ class DeficitRoundRobin:
 def build(
     name: str, config: RouterConfig, quantum: float | None = None, tiers: Tiers | None = None
 ) -> Discipline:
-    """The discipline called ``name`` (one of :data:`POLICIES`) with ``config``'s
+    """The discipline called ``name`` (one of :data:`EVERY_POLICY`) with ``config``'s
     thresholds, reset interval and max_wait, and ``tiers`` for the router's policies."""
     if name == "fifo":
         return Fifo()
     if name == "drr":
         return DeficitRoundRobin(quantum)
+    if name == "rr":
+        return RoundRobin()
     mode, _, bounded = name.partition("+")
     if mode not in ("seed", "inflight") or bounded not in ("", "max_wait"):
-        raise ValueError(f"{name!r} is not a policy; use one of {', '.join(POLICIES)}")
+        raise ValueError(f"{name!r} is not a policy; use one of {', '.join(EVERY_POLICY)}")
     if bounded and config.max_wait is None:
         raise ValueError(f"{name} needs a max_wait; set max_wait in the configuration")
     return RouterQueue(

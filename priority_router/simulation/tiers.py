@@ -23,6 +23,7 @@ from ..errors import ConfigurationError, PriorityRouterError
 from ..policy import Policy
 from ..store.keys import normalize_client_id
 from ..tiers import Tier
+from .costs import level
 
 HEADER = ("client_id", "weight", "shift", "fixed")
 #: The words of a tier, as ``tier set`` names its options.
@@ -48,16 +49,15 @@ class Tiers:
         """The tier the router applies to ``client_id``: its own, else the default."""
         return self.clients.get(client_id, self.default)
 
-    def prioritize(self, policy: Policy) -> Callable[[str, int], int] | None:
-        """``prioritize(client_id, pending)`` for ``RouterQueue`` (``policies.Prioritize``);
-        None without tiers: the table alone."""
+    def prioritize(self, policy: Policy) -> Callable[[str, float], int] | None:
+        """``prioritize(client_id, pending)`` for ``RouterQueue`` (``policies.Prioritize``;
+        ``pending`` fractional with costs); None without tiers: the table alone."""
         if not self:
             return None
         clients, default = dict(self.clients), self.default
 
-        def prioritize(client_id: str, pending: int) -> int:
-            tier = clients.get(client_id, default)
-            return policy.priority_for(pending) if tier is None else tier.priority(pending, policy)
+        def prioritize(client_id: str, pending: float) -> int:
+            return level(clients.get(client_id, default), pending, policy)
 
         return prioritize
 

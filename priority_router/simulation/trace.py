@@ -4,8 +4,10 @@ A trace file is CSV with the header ``timestamp,client_id,duration``, then one d
 per line: when it was published (seconds; relative or Unix time, any order: documents
 are published in timestamp order, ties in file order), whose it is (the router's client
 id, surrounding spaces dropped as the router drops them) and how many seconds it holds a
-worker slot (more than 0).  Blank lines are skipped.  A line that cannot be read raises
-:class:`TraceError` naming the line, what is wrong with it and the fix.
+worker slot (more than 0).  An optional fourth column, ``cost``, is what the document
+counts for (``costs.py``; an empty cell or no column: 1).  Blank lines are skipped.  A
+line that cannot be read raises :class:`TraceError` naming the line, what is wrong with it
+and the fix.
 """
 
 from __future__ import annotations
@@ -19,8 +21,11 @@ from pathlib import Path
 
 from ..errors import PriorityRouterError
 from ..store.keys import normalize_client_id
+from .costs import MAX_COST, MAX_UNITS, ONE, InvalidCost, cost_units
 
 HEADER = ("timestamp", "client_id", "duration")
+#: The header of a trace whose documents have costs.
+COST_HEADER = (*HEADER, "cost")
 
 
 class TraceError(PriorityRouterError, ValueError):
@@ -34,7 +39,9 @@ class Trace:
     Document ``i`` belongs to client ``clients[client[i]]`` and holds a worker slot for
     ``duration[i]`` seconds.  It is published ``at[i]`` seconds after the start or, when
     ``after[i] >= 0``, ``at[i]`` seconds after document ``after[i]`` finishes: a client
-    that sends its next document once the previous one is done (a closed loop).
+    that sends its next document once the previous one is done (a closed loop).  It
+    costs ``cost_units[i]`` thousandths (``costs.RESOLUTION`` per cost 1); no
+    ``cost_units`` means every document costs 1.
     """
 
     #: Client index -> client id.
@@ -46,6 +53,8 @@ class Trace:
     duration: list[float]
     #: Per document: the earlier document whose finish publishes it, or -1 (published at ``at``).
     after: list[int] = field(default_factory=list)
+    #: Per document: its cost in units; empty when every document costs 1.
+    cost_units: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         n = len(self.client)
@@ -59,6 +68,10 @@ class Trace:
             raise TraceError("a document names a client index that is not in clients")
         if not all(d > 0 and math.isfinite(d) for d in self.duration):
             raise TraceError("every duration must be a positive number of seconds")
+        if self.cost_units and len(self.cost_units) != n:
+            raise TraceError("cost_units must be empty or have one entry per document")
+        if not all(0 < u <= MAX_UNITS for u in self.cost_units):
+            raise TraceError(f"every cost must be above 0 and at most {MAX_COST:,}")
         if self.after and not all(-1 <= a < i for i, a in enumerate(self.after)):
             raise TraceError("a document can follow only an earlier document (after[i] < i)")
         opened = [t for i, t in enumerate(self.at) if not self.after or self.after[i] < 0]
@@ -90,13 +103,17 @@ class TraceBuilder:
         self.at: list[float] = []
         self.duration: list[float] = []
         self.after: list[int] = []
+        #: Empty until a document costs other than 1.
+        self.cost_units: list[int] = []
 
     @property
     def client_count(self) -> int:
         return len(self._index)
 
-    def add(self, client_id: str, group: str, at: float, duration: float, after: int = -1) -> int:
-        """Append one document; returns its index."""
+    def add(
+        self, client_id: str, group: str, at: float, duration: float, after: int = -1, units: int = ONE
+    ) -> int:
+        """Append one document of ``units`` cost units (``costs.cost_units``); returns its index."""
         index = self._index.get(client_id)
         if index is None:
             index = self._index[client_id] = len(self._index)
@@ -105,6 +122,10 @@ class TraceBuilder:
         self.at.append(at)
         self.duration.append(duration)
         self.after.append(after)
+        if units != ONE or self.cost_units:
+            if not self.cost_units:
+                self.cost_units = [ONE] * (len(self.client) - 1)
+            self.cost_units.append(units)
         return len(self.client) - 1
 
     def build(self, groups: Sequence[str] | None = None) -> Trace:
@@ -117,6 +138,7 @@ class TraceBuilder:
             at=self.at,
             duration=self.duration,
             after=after,
+            cost_units=self.cost_units,
         )
 
 
@@ -129,21 +151,23 @@ def size_group(documents: int) -> str:
 
 
 def load_csv(path: str | Path) -> Trace:
-    """Read a ``timestamp,client_id,duration`` trace; :class:`TraceError` names a bad line."""
-    rows: list[tuple[float, str, float]] = []
+    """Read a ``timestamp,client_id,duration[,cost]`` trace; :class:`TraceError` names a bad line."""
+    rows: list[tuple[float, str, float, int]] = []
     try:
         with open(path, newline="", encoding="utf-8-sig") as f:
             reader = csv.reader(f)
-            _check_header(next(reader, None))
+            header = _check_header(next(reader, None))
+            fields = len(header)
+            document = _document if fields == len(HEADER) else _costed_document
             for row in reader:
-                if len(row) != 3:
+                if len(row) != fields:
                     if not row or not any(cell.strip() for cell in row):
                         continue
                     raise TraceError(
                         f"line {reader.line_num}: {len(row)} field(s) {row!r}; each line is "
-                        "timestamp,client_id,duration (quote a client id that holds a comma)"
+                        f"{','.join(header)} (quote a client id that holds a comma)"
                     )
-                rows.append(_document(reader.line_num, row))
+                rows.append(document(reader.line_num, row))
     except UnicodeDecodeError as exc:
         raise TraceError(
             f"the file is not UTF-8 text ({exc.reason} at byte {exc.start}); save it as UTF-8"
@@ -157,25 +181,27 @@ def load_csv(path: str | Path) -> Trace:
     rows.sort(key=lambda r: r[0])  # stable: documents published at one instant keep file order
     first = rows[0][0]
     builder = TraceBuilder()
-    for timestamp, client_id, duration in rows:
-        builder.add(client_id, "", timestamp - first, duration)
+    for timestamp, client_id, duration, units in rows:
+        builder.add(client_id, "", timestamp - first, duration, -1, units)
     counts = [0] * builder.client_count
     for c in builder.client:
         counts[c] += 1
     return builder.build([size_group(n) for n in counts])
 
 
-def _check_header(row: list[str] | None) -> None:
+def _check_header(row: list[str] | None) -> tuple[str, ...]:
     if row is None:
         raise TraceError(f"the file is empty; its first line must be the header {','.join(HEADER)}")
-    if tuple(cell.strip().lower() for cell in row) != HEADER:
+    cells = tuple(cell.strip().lower() for cell in row)
+    if cells not in (HEADER, COST_HEADER):
         raise TraceError(
             f"line 1: the header is {','.join(row)!r}; the first line must be exactly {','.join(HEADER)} "
-            "(in that order)"
+            f"(in that order), or {','.join(COST_HEADER)} when documents have costs"
         )
+    return cells
 
 
-def _document(line: int, row: list[str]) -> tuple[float, str, float]:
+def _document(line: int, row: list[str]) -> tuple[float, str, float, int]:
     raw_at, raw_client, raw_duration = row
     try:
         at = float(raw_at)
@@ -197,4 +223,21 @@ def _document(line: int, row: list[str]) -> tuple[float, str, float]:
             f"line {line}: duration {raw_duration!r} is not a positive number of seconds; "
             "write how long the document holds a worker, e.g. 0.05"
         )
-    return at, client_id, duration
+    return at, client_id, duration, ONE
+
+
+def _costed_document(line: int, row: list[str]) -> tuple[float, str, float, int]:
+    at, client_id, duration, _ = _document(line, row[:3])
+    return at, client_id, duration, _cost(line, row[3])
+
+
+def _cost(line: int, raw: str) -> int:
+    text = raw.strip()
+    if not text:
+        return ONE  # a document published without a cost counts 1, as in the router
+    try:
+        return cost_units(text)
+    except InvalidCost as exc:  # the router's own rule and message
+        raise TraceError(
+            f"line {line}: {exc}; fix the cost column, or leave the cell empty for a cost of 1"
+        ) from None

@@ -4,6 +4,7 @@
 ``bench/fairness.py``, ``bench/fairness_modes.py``, ``bench/starvation.py``); each
 workload's :meth:`trace` is the same documents for the simulator.  Document lengths are
 seeded, so two runs of one workload (real or simulated) send the same documents.
+:class:`MixedSizes` is the simulator's only: no benchmark publishes it.
 """
 
 from __future__ import annotations
@@ -161,6 +162,47 @@ class HeavyMix:
         return _open_trace(self.documents())
 
 
+@dataclass(frozen=True)
+class MixedSizes:
+    """Documents of very different sizes: one client's long scans next to many clients'
+    short invoices, the case for counting documents by their cost.
+
+    ``heavy`` scans of ``heavy_seconds`` from one client (``scans``) at 0; then, at
+    ``light_at``, ``light_clients`` clients (``invoices00``, ...) send ``light_docs``
+    invoices of ``light_seconds`` each, client after client in turn.  Lengths vary by
+    ``jitter`` around their means, seeded.
+    """
+
+    heavy: int = 20
+    heavy_seconds: float = 30.0
+    light_clients: int = 10
+    light_docs: int = 10
+    light_seconds: float = 1.0
+    light_at: float = 1.0
+    jitter: float = 0.1
+    seed: int = 7
+
+    @property
+    def total(self) -> int:
+        return self.heavy + self.light_clients * self.light_docs
+
+    def documents(self) -> list[Document]:
+        """Every document, in publishing order."""
+        scale = _lengths(self.seed, 1.0, self.jitter)
+        docs = [
+            Document("heavy", "scans", f"s{n}", self.heavy_seconds * scale(), 0.0) for n in range(self.heavy)
+        ]
+        docs += [
+            Document("light", f"invoices{c:02d}", f"i{c}-{d}", self.light_seconds * scale(), self.light_at)
+            for d in range(self.light_docs)
+            for c in range(self.light_clients)
+        ]
+        return docs
+
+    def trace(self) -> Trace:
+        return _open_trace(self.documents())
+
+
 def _open_trace(documents: Iterator[Document] | list[Document]) -> Trace:
     """Documents published at their ``at``, in the order given (sorted by ``at``)."""
     builder = TraceBuilder()
@@ -174,13 +216,15 @@ class Workload(Protocol):
 
 
 #: ``--workload`` name -> the workload with a given seed: the real benchmarks' defaults
-#: (``bench/fairness.py`` for the noisy neighbour, ``bench/fairness_modes.py`` for the others).
+#: (``bench/fairness.py`` for the noisy neighbour, ``bench/fairness_modes.py`` for steady-burst
+#: and heavy-mix); mixed-sizes is the simulator's own, for counting by cost.
 WORKLOADS: dict[str, Callable[[int], Workload]] = {
     "noisy-neighbour": lambda seed: NoisyNeighbour(
         heavy=160, light_clients=12, light_docs=2, doc_seconds=0.05, jitter=0.5, seed=seed
     ),
     "steady-burst": lambda seed: SteadyBurst(seed=seed),
     "heavy-mix": lambda seed: HeavyMix(seed=seed),
+    "mixed-sizes": lambda seed: MixedSizes(seed=seed),
 }
 
 #: The seed every built-in workload uses unless told otherwise (the benchmarks' default).

@@ -315,3 +315,104 @@ def test_a_chart_into_a_missing_folder_is_refused_before_simulating(
     assert result.exit_code == 2, result.output
     assert "does not exist" in result.output and "no-such-folder" in result.output
     assert "Traceback" not in result.output and not target.parent.exists()
+
+
+# -- counting by cost: --cost, the cost column, rr -----------------------------------------
+
+COSTED = (
+    "timestamp,client_id,duration,cost\n"
+    "0,heavy,1,4\n0,heavy,1,4\n0,heavy,1,4\n0,heavy,1,4\n0.5,light,1,\n"  # light: no cost, 1
+)
+
+
+def run_json(cli: Callable[..., Result], *args: str) -> dict[str, Any]:
+    result = cli("simulate", *args, "--json")
+    assert result.exit_code == 0, result.output
+    data: dict[str, Any] = json.loads(result.stdout)
+    return data
+
+
+def test_a_cost_column_is_counted_and_rr_joins_the_ideals(cli: Callable[..., Result], tmp_path: Path) -> None:
+    path = tmp_path / "costed.csv"
+    path.write_text(COSTED)
+    data = run_json(cli, str(path), "--workers", "1")
+    assert list(data) == ["fifo", "seed", "inflight", "rr", "drr"]
+    # heavy's 2nd document is at -4 (priority 3), so light (priority 1) goes right after the
+    # first; by document it went after heavy's priority-1 documents (2.5 s).
+    assert data["seed"]["per_client"]["light"]["max_wait"] == 0.5
+    assert data["inflight"]["per_client"]["light"]["max_wait"] == 0.5
+    # rr: one document per client per turn, light's after heavy's second; drr by cost with
+    # the quantum 4, heavy's largest: one of heavy's per turn too.
+    assert data["rr"]["per_client"]["light"]["max_wait"] == 1.5
+    assert data["drr"]["per_client"]["light"]["max_wait"] == 1.5
+    by_document = run_json(cli, str(path), "--workers", "1", "--cost", "document")
+    assert by_document["seed"]["per_client"]["light"]["max_wait"] == 2.5
+    assert list(by_document) == ["fifo", "seed", "inflight", "drr"]  # every cost 1: as before costs
+
+
+def test_the_cost_column_of_ones_and_cost_document_change_nothing(
+    cli: Callable[..., Result], trace: Path, tmp_path: Path
+) -> None:
+    ones = tmp_path / "ones.csv"
+    ones.write_text(TRACE.replace("duration\n", "duration,cost\n").replace(",1\n", ",1,1\n"))
+    before = run_json(cli, str(trace), "--workers", "1", "--max-wait", "1")
+    assert run_json(cli, str(ones), "--workers", "1", "--max-wait", "1") == before
+    assert run_json(cli, str(trace), "--workers", "1", "--max-wait", "1", "--cost", "document") == before
+    # 1 s documents counted by their seconds cost 1 each: the same again.
+    assert run_json(cli, str(trace), "--workers", "1", "--max-wait", "1", "--cost", "duration") == before
+
+
+def test_cost_duration_counts_seconds_on_the_mixed_sizes_workload(cli: Callable[..., Result]) -> None:
+    def invoices_worst_p95(data: dict[str, Any], policy: str) -> float:
+        clients = data[policy]["per_client"]
+        return float(max(w["p95_wait"] for c, w in clients.items() if c.startswith("invoices")))
+
+    by_document = run_json(cli, "--workload", "mixed-sizes", "--policies", "fifo,seed,inflight,rr,drr")
+    by_seconds = run_json(cli, "--workload", "mixed-sizes", "--cost", "duration")
+    assert list(by_seconds) == ["fifo", "seed", "inflight", "rr", "drr"]
+    assert by_seconds["drr"] == by_document["drr"]  # by seconds either way
+    for mode in ("seed", "inflight"):
+        assert invoices_worst_p95(by_seconds, mode) <= 0.6 * invoices_worst_p95(by_document, mode)
+        assert invoices_worst_p95(by_seconds, mode) <= invoices_worst_p95(by_seconds, "drr")
+        assert by_seconds[mode]["makespan"] <= 1.05 * by_document["fifo"]["makespan"]
+
+
+def test_the_heading_says_what_was_counted(cli: Callable[..., Result], trace: Path, tmp_path: Path) -> None:
+    path = tmp_path / "costed.csv"
+    path.write_text(COSTED)
+    column = " ".join(cli("simulate", str(path), "--tier", "heavy=shift=1").output.split())
+    assert "cost: the cost column" in column
+    assert "fifo, rr and drr ignore tiers (no priorities)" in column
+    seconds = " ".join(cli("simulate", "--workload", "mixed-sizes", "--cost", "duration").output.split())
+    assert "cost: seconds (--cost duration)" in seconds and " rr: makespan" in seconds
+    plain = " ".join(cli("simulate", str(trace)).output.split())
+    assert "cost:" not in plain and " rr: makespan" not in plain
+    assert " rr: makespan" in " ".join(cli("simulate", str(trace), "--policies", "rr,drr").output.split())
+
+
+@pytest.mark.parametrize(
+    ("content", "args", "message"),
+    [
+        (
+            TRACE,
+            ("--cost", "pages"),
+            "Invalid value for '--cost': 'pages' is not one of 'column', 'duration'",
+        ),
+        (TRACE, ("--policies", "rr,lru"), "lru is not a policy; use a comma list of fifo, seed"),
+        ("timestamp,client_id,duration\n0,a,2000000\n", ("--cost", "duration"), "a document lasts more than"),
+        (
+            "timestamp,client_id,duration,cost\n0,a,1,0\n",
+            (),
+            "line 2: cost 0.0 is not a positive finite number: a document costs more than 0; fix the cost "
+            "column, or leave the cell empty for a cost of 1",
+        ),
+    ],
+)
+def test_bad_costs_exit_2_naming_the_problem(
+    cli: Callable[..., Result], tmp_path: Path, content: str, args: tuple[str, ...], message: str
+) -> None:
+    path = tmp_path / "trace.csv"
+    path.write_text(content)
+    result = cli("simulate", str(path), *args)
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split())

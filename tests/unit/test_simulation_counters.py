@@ -24,6 +24,7 @@ import redis
 
 from priority_router import DOCBITS_THRESHOLDS
 from priority_router.simulation.counters import InflightCount, SeedCount
+from priority_router.store.costs import ONE, as_count, cost_units
 from priority_router.store.counter import Counter
 from priority_router.store.inflight import InflightCounter
 
@@ -220,3 +221,111 @@ def test_inflight_count_matches_the_redis_list_in_real_time(store: redis.Redis, 
         InflightCount(REAL_INTERVAL),
         sleeping_clock(),
     )
+
+
+# -- counting by cost ----------------------------------------------------------------------
+# The counters count whatever whole units they are given; the router's policies give each
+# document its cost in thousandths (costs.RESOLUTION per cost 1).
+
+
+def test_a_seed_check_is_at_minus_the_costs_counted_before_it_in_the_spell() -> None:
+    count = SeedCount(reset_interval=10, one=1000)
+    assert [count.check("a", t, u) for t, u in ((0, 30_000), (1, 1000), (2, 2500), (3, 500))] == [
+        0,  # the spell's first document, however large
+        -30_000,
+        -31_000,
+        -33_500,
+    ]
+    assert count.pending("a", 3) == 1000 - 34_000  # a read: 1 - what the spell counted
+    assert count.check("a", 14, 7000) == 0  # idle more than the interval: a new spell
+    assert count.check("a", 15, 1000) == -7000
+
+
+def test_an_inflight_check_is_at_minus_the_costs_in_flight_and_an_end_gives_its_cost_back_once() -> None:
+    count = InflightCount(reset_interval=10, one=1000)
+    assert count.check("a", "scan", 0, 30_000) == 0
+    assert count.check("a", "invoice", 0, 1000) == -30_000
+    assert count.end("a", "scan", 1, 30_000) is True
+    assert count.end("a", "scan", 1, 30_000) is False  # once only
+    assert count.check("a", "note", 2, 2500) == -1000  # only the invoice is in flight
+    assert count.pending("a", 2) == 1000 - 3500
+    assert count.end("a", "invoice", 3, 1000) and count.end("a", "note", 3, 2500)
+    assert count.pending("a", 3) == 0 and count.check("a", "next", 4, 1000) == 0  # nothing in flight
+
+
+def test_an_end_of_a_costed_document_from_an_expired_list_gives_nothing_back() -> None:
+    count = InflightCount(reset_interval=10, one=1000)
+    count.check("a", "old", 0, 5000)
+    assert count.check("a", "new", 11, 2000) == 0  # the list expired: a new spell
+    assert count.end("a", "old", 12, 5000) is False
+    assert count.check("a", "newer", 13, 1000) == -2000  # "new" is still in flight, and only it
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_cost_of_one_in_thousandths_is_the_count_in_documents_exactly(seed: int) -> None:
+    """The units change nothing but the scale: every answer is 1000x the document count."""
+    steps = sequence(seed, ticks=600, per_tick=3, pause=0.5)
+    docs, units = SeedCount(INTERVAL), SeedCount(INTERVAL, one=1000)
+    flight, flight_units = InflightCount(INTERVAL), InflightCount(INTERVAL, one=1000)
+    for tick, client, action, task in steps:
+        t = tick * GRID
+        assert units.check(client, t, 1000) == 1000 * docs.check(client, t)
+        if action == "publish":
+            assert flight_units.check(client, task, t, 1000) == 1000 * flight.check(client, task, t)
+        else:
+            assert flight_units.end(client, task, t, 1000) == flight.end(client, task, t)
+        for other in CLIENTS:
+            assert units.pending(other, t) == 1000 * docs.pending(other, t)
+            assert flight_units.pending(other, t) == 1000 * flight.pending(other, t)
+
+
+# The router's own costed stores against the simulator's counters, on one driven clock:
+# each task gets a cost (a few of 1, some fractional, some large), every check and end
+# reads the extras as a router does once costs are in use.
+COSTS = (1, 1, 1, 2.5, 0.3, 30, 0.001, 7.25, 1000)
+
+
+def costed_steps(seed: int) -> tuple[list[Step], dict[str, int]]:
+    steps = sequence(seed, ticks=600, per_tick=3, pause=0.5)
+    rng = random.Random(seed)
+    return steps, {task: cost_units(rng.choice(COSTS)) for _, _, _, task in steps}
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_costed_seed_counts_match_the_redis_counter_on_a_driven_clock(
+    driven_fakeredis: tuple[redis.Redis, DrivenClock], seed: int
+) -> None:
+    client, clock = driven_fakeredis
+    steps, units = costed_steps(seed)
+    counter = Counter(client, f"sim-cost-{seed}:", reset_interval=INTERVAL)
+    model = SeedCount(INTERVAL, one=ONE)
+    start = clock.now
+    for tick, who, _, task in steps:
+        clock.now = start + tick * GRID
+        t = tick * GRID
+        (got,), _ = counter.count(who, 1, units[task], costs=True)
+        assert got == as_count(model.check(who, t, units[task])), (tick, who, units[task])
+        for other in CLIENTS:
+            assert counter.read(other).pending == as_count(model.pending(other, t)), (tick, other)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_costed_inflight_counts_match_the_redis_list_on_a_driven_clock(
+    driven_fakeredis: tuple[redis.Redis, DrivenClock], seed: int
+) -> None:
+    client, clock = driven_fakeredis
+    steps, units = costed_steps(seed)
+    counter = InflightCounter(client, f"sim-cost-{seed}:", reset_interval=INTERVAL)
+    model = InflightCount(INTERVAL, one=ONE)
+    start = clock.now
+    for tick, who, action, task in steps:
+        clock.now = start + tick * GRID
+        t = tick * GRID
+        cost = units.get(task, ONE)  # a ghost's end: cost 1
+        if action == "publish":
+            got, _ = counter.count(who, task, cost, costs=True)
+            assert got == as_count(model.check(who, task, t, cost)), (tick, who, action, cost)
+        else:
+            assert counter.end(who, task, cost, costs=True) == model.end(who, task, t, cost), (tick, who)
+        for other in CLIENTS:
+            assert counter.read(other).pending == as_count(model.pending(other, t)), (tick, other)

@@ -11,7 +11,7 @@ from priority_router.simulation import metrics, workloads
 from priority_router.simulation.engine import Schedule
 from priority_router.simulation.metrics import group_order, group_waits, jain, p95, slowdown, summarize
 from priority_router.simulation.trace import TraceBuilder
-from priority_router.simulation.workloads import WORKLOADS, HeavyMix, NoisyNeighbour, SteadyBurst
+from priority_router.simulation.workloads import WORKLOADS, HeavyMix, MixedSizes, NoisyNeighbour, SteadyBurst
 
 
 def test_summary_of_a_hand_made_schedule() -> None:
@@ -91,3 +91,20 @@ def test_built_in_workloads_are_the_benchmarks_defaults_and_seeded() -> None:
     for make in WORKLOADS.values():
         assert make(7).trace().duration == make(7).trace().duration
         assert make(8).trace().duration != make(7).trace().duration
+
+
+def test_mixed_sizes_is_long_scans_next_to_short_invoices() -> None:
+    trace = WORKLOADS["mixed-sizes"](7).trace()
+    assert len(trace) == MixedSizes().total == 20 + 10 * 10
+    assert dict(zip(trace.clients, trace.groups, strict=True)) == {
+        "scans": "heavy",
+        **{f"invoices{c:02d}": "light" for c in range(10)},
+    }
+    assert trace.at == [0.0] * 20 + [1.0] * 100
+    assert all(27 <= d <= 33 for d in trace.duration[:20]) and all(
+        0.9 <= d <= 1.1 for d in trace.duration[20:]
+    )
+    exact = MixedSizes(jitter=0).trace()
+    assert set(exact.duration) == {30.0, 1.0} and exact.cost_units == []
+    # Invoices go out client after client in turn, as one publisher's loop sends them.
+    assert [exact.clients[c] for c in exact.client[20:23]] == ["invoices00", "invoices01", "invoices02"]

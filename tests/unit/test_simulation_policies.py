@@ -2,17 +2,28 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from support.simulation import started_of, trace_of
 
 from priority_router import DOCBITS_THRESHOLDS, Policy, RouterConfig
 from priority_router.integration.starvation import sweep_interval
 from priority_router.simulation import policies
+from priority_router.simulation.compare import compare
 from priority_router.simulation.engine import Schedule, run
 from priority_router.simulation.metrics import summarize
-from priority_router.simulation.policies import POLICIES, DeficitRoundRobin, Fifo, RouterQueue, build
-from priority_router.simulation.trace import Trace
-from priority_router.simulation.workloads import HeavyMix, NoisyNeighbour
+from priority_router.simulation.policies import (
+    EVERY_POLICY,
+    POLICIES,
+    DeficitRoundRobin,
+    Fifo,
+    RoundRobin,
+    RouterQueue,
+    build,
+)
+from priority_router.simulation.trace import Trace, TraceBuilder
+from priority_router.simulation.workloads import HeavyMix, MixedSizes, NoisyNeighbour
 
 
 def waits_of(schedule: Schedule, docs: Trace, client: str) -> list[float]:
@@ -193,3 +204,88 @@ def test_build_names_every_policy_and_refuses_the_rest() -> None:
         build("lifo", config)
     with pytest.raises(ValueError, match="needs a max_wait"):
         build("seed+max_wait", RouterConfig())
+
+
+# -- rr, drr by cost, and counting by cost on documents of mixed sizes ---------------------
+
+
+def order_of(docs: Trace, schedule: Schedule) -> list[str]:
+    by_start = sorted(range(len(docs)), key=lambda i: schedule.started[i])
+    return [docs.clients[docs.client[i]] for i in by_start]
+
+
+def costed(*docs: tuple[float, str, float, int]) -> Trace:
+    """``(at, client, duration, cost units)`` documents."""
+    builder = TraceBuilder()
+    for at, client, duration, units in docs:
+        builder.add(client, client, at, duration, units=units)
+    return builder.build()
+
+
+def test_rr_serves_one_document_per_client_per_turn_whatever_it_costs() -> None:
+    docs = costed((0.0, "blocker", 1.0, 1000), *[(0.0, "a", 5.0, 9000)] * 3, *[(0.0, "b", 0.5, 1000)] * 4)
+    assert order_of(docs, run(docs, RoundRobin(), 1)) == ["blocker", "a", "b", "a", "b", "a", "b", "b"]
+    newcomer = costed(*[(0.0, "heavy", 1.0, 1000)] * 50, (10.5, "light", 1.0, 1000))
+    assert started_of(run(newcomer, RoundRobin(), 1), newcomer, "light") == [11]
+
+
+def test_drr_shares_by_cost_when_documents_have_costs() -> None:
+    # Every document takes 1 s, but a's cost 2 and b's 1: a turn worth 2 serves one of a's,
+    # two of b's.  By seconds (no costs) it would alternate one and one.
+    docs = costed((0.0, "blocker", 1.0, 1000), *[(0.0, "a", 1.0, 2000)] * 3, *[(0.0, "b", 1.0, 1000)] * 6)
+    drr = DeficitRoundRobin()
+    assert order_of(docs, run(docs, drr, 1)) == ["blocker", "a", "b", "b", "a", "b", "b", "a", "b", "b"]
+    assert drr._q == 2000  # the largest cost, in units
+    given = DeficitRoundRobin(quantum=1)  # a quantum given as a cost: a needs two turns
+    run(docs, given, 1)
+    assert given._q == 1000
+
+
+def test_drr_by_an_equal_cost_is_rr() -> None:
+    rng = random.Random(5)
+    rows = sorted((rng.uniform(0, 20), rng.choice("abcdef"), rng.uniform(0.1, 3.0)) for _ in range(400))
+    docs = costed(*[(at, c, d, 2500) for at, c, d in rows])
+    assert run(docs, DeficitRoundRobin(), 3) == run(docs, RoundRobin(), 3)
+
+
+def test_every_policy_includes_rr_which_is_no_default() -> None:
+    assert EVERY_POLICY == ("fifo", "seed", "seed+max_wait", "inflight", "inflight+max_wait", "rr", "drr")
+    assert tuple(p for p in EVERY_POLICY if p != "rr") == POLICIES
+    assert isinstance(build("rr", RouterConfig()), RoundRobin)
+
+
+def invoice_p95(outcome_waits: dict[str, float]) -> float:
+    return max(w for c, w in outcome_waits.items() if c.startswith("invoices"))
+
+
+def mixed_sizes(workload: MixedSizes) -> dict[str, tuple[float, float]]:
+    """(the invoice clients' worst p95 wait, makespan) per policy, by document and by seconds."""
+    docs = workload.trace()
+    found = {}
+    for cost in ("column", "duration"):
+        for name, o in compare(
+            docs, ["fifo", "seed", "inflight", "rr", "drr"], RouterConfig(), 4, cost=cost
+        ).items():
+            waits = {c: w.p95_wait for c, w in o.per_client.items()}
+            found[f"{name} {cost}"] = (invoice_p95(waits), o.makespan)
+    return found
+
+
+def test_mixed_sizes_with_exact_lengths_gives_the_issues_figures() -> None:
+    found = mixed_sizes(MixedSizes(jitter=0))
+    assert found["seed column"][0] == found["inflight column"][0] == pytest.approx(91.35)  # 90 s measured
+    assert found["fifo column"][0] == pytest.approx(172.1)  # 171 s measured
+    assert found["drr column"][0] == pytest.approx(61.0)  # 60 s: by seconds, every cost being 1
+    assert found["seed duration"][0] == found["inflight duration"][0] == pytest.approx(52.1)  # ~52 s modelled
+    assert found["drr duration"] == found["drr column"]  # by seconds either way
+    assert found["rr column"] == found["rr duration"]
+
+
+@pytest.mark.parametrize("jitter", [0.0, 0.1])
+def test_counting_seconds_serves_small_clients_next_to_large_documents(jitter: float) -> None:
+    found = mixed_sizes(MixedSizes(jitter=jitter))
+    for mode in ("seed", "inflight"):
+        by_seconds, by_document = found[f"{mode} duration"], found[f"{mode} column"]
+        assert by_seconds[0] <= 0.6 * by_document[0]
+        assert by_seconds[0] <= found["drr duration"][0]
+        assert by_seconds[1] <= 1.05 * found["fifo column"][1]  # and the work is done as soon

@@ -103,3 +103,66 @@ def test_a_trace_checks_its_own_shape() -> None:
         Trace(("a",), ("g",), [0, 0], [1.0, 0.0], [1.0, 1.0])
     with pytest.raises(TraceError, match="earlier document"):
         Trace(("a",), ("g",), [0, 0], [0.0, 0.0], [1.0, 1.0], after=[-1, 1])
+
+
+# -- the optional cost column --------------------------------------------------------------
+
+
+def test_a_cost_column_gives_each_document_its_cost_in_thousandths(tmp_path: Path) -> None:
+    trace = load_csv(
+        write(
+            tmp_path,
+            "Timestamp,Client_ID,Duration, Cost \n"
+            "0,scans,30,30\n"
+            "0,invoices,1,1\n"
+            "1,invoices,1,\n"  # an empty cell: 1, as a document published without a cost
+            "0.5,notes,0.2,0.25\n",
+        )
+    )
+    assert [trace.clients[c] for c in trace.client] == ["scans", "invoices", "notes", "invoices"]
+    assert trace.cost_units == [30_000, 1000, 250, 1000]
+
+
+def test_without_a_cost_column_or_with_every_cost_1_documents_are_counted_as_before(tmp_path: Path) -> None:
+    plain = load_csv(write(tmp_path, "timestamp,client_id,duration\n0,a,1\n0,b,2\n"))
+    ones = load_csv(write(tmp_path, "timestamp,client_id,duration,cost\n0,a,1,1\n0,b,2,1.0\n", "ones.csv"))
+    assert plain.cost_units == ones.cost_units == []
+    assert (plain.at, plain.duration, plain.clients) == (ones.at, ones.duration, ones.clients)
+
+
+COST_HEADER = "timestamp,client_id,duration,cost\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (COST_HEADER + "0,a,1,0\n", "line 2: cost 0.0 is not a positive finite number"),
+        (COST_HEADER + "0,a,1,1\n0,a,1,-2\n", "line 3: cost -2.0 is not a positive finite number"),
+        (COST_HEADER + "0,a,1,nan\n", "line 2: cost nan is not a positive finite number"),
+        (COST_HEADER + "0,a,1,inf\n", "line 2: cost inf is not a positive finite number"),
+        (COST_HEADER + "0,a,1,30 pages\n", "line 2: cost '30 pages' is not a number"),
+        (COST_HEADER + "0,a,1,1e10\n", "line 2: cost 10000000000.0 is above 1,000,000"),
+        (COST_HEADER + "0,a,1,0.0001\n", "line 2: cost 0.0001 is below 0.001"),
+        (
+            COST_HEADER + "0,a,1\n",
+            "line 2: 3 field(s) ['0', 'a', '1']; each line is timestamp,client_id,duration,cost",
+        ),
+        ("timestamp,client_id,duration,weight\n0,a,1,1\n", "or timestamp,client_id,duration,cost when"),
+    ],
+)
+def test_a_bad_cost_names_the_line_and_the_fix(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(TraceError) as caught:
+        load_csv(write(tmp_path, text))
+    assert message in str(caught.value)
+    assert any(fix in str(caught.value) for fix in ("fix the cost column", "each line", "header"))
+
+
+def test_a_trace_checks_its_costs() -> None:
+    with pytest.raises(TraceError, match="one entry per document"):
+        Trace(("a",), ("g",), [0, 0], [0.0, 0.0], [1.0, 1.0], cost_units=[1000])
+    with pytest.raises(TraceError, match="at most 1,000,000"):
+        Trace(("a",), ("g",), [0], [0.0], [1.0], cost_units=[0])
+    builder = TraceBuilder()
+    builder.add("a", "g", 0.0, 1.0, units=2500)
+    builder.add("a", "g", 0.0, 1.0)
+    assert builder.build().cost_units == [2500, 1000]

@@ -1,0 +1,68 @@
+"""What each document counts for in the simulator: its cost, and the priority a count gets.
+
+The units, limits and rounding are the router's (``store/costs.py``): costs are counted in
+whole thousandths, so the simulator's counts are the router's exactly.  A document is
+checked at the count before it and then lowers its client's count by its cost (1 by
+default: costs of 1 are the scheme as it always was).  A fractional count is truncated
+toward 0 before the threshold table, after a tier's weight divides it, as the router
+decides (``PriorityRouter._decision``, ``Tier.priority``).
+
+``--cost`` chooses what a document costs: the trace's ``cost`` column (``column``, 1
+without one), its duration (``duration``: expected seconds), or 1 (``document``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from ..policy import Policy
+from ..store.costs import MAX_COST, ONE, RESOLUTION, InvalidCost, as_count, cost_units
+from ..tiers import Tier
+
+if TYPE_CHECKING:
+    from .trace import Trace
+
+__all__ = [
+    "BASES",
+    "MAX_COST",
+    "MAX_UNITS",
+    "ONE",
+    "RESOLUTION",
+    "InvalidCost",
+    "as_count",
+    "cost_units",
+    "counted_by",
+    "level",
+    "whole",
+]
+
+#: The largest cost of one document, in units.
+MAX_UNITS = MAX_COST * RESOLUTION
+#: ``--cost`` choices, the default first.
+BASES = ("column", "duration", "document")
+
+
+def counted_by(trace: Trace, basis: str) -> Trace:
+    """``trace`` with each document's cost as ``basis`` says (a ``--cost`` choice)."""
+    if basis == "column":
+        return trace
+    if basis == "document":
+        return replace(trace, cost_units=[]) if trace.cost_units else trace
+    if basis == "duration":
+        # A document shorter than the smallest cost counted costs that much, not nothing.
+        units = [max(1, round(d * RESOLUTION)) for d in trace.duration]
+        return replace(trace, cost_units=[] if all(u == ONE for u in units) else units)
+    raise ValueError(f"cost {basis!r} is not one of {', '.join(BASES)}")
+
+
+def whole(units: int) -> int:
+    """A count in units (0 or less) truncated toward 0 to whole costs, -2500 -> -2:
+    ``int(as_count(units))`` without the float."""
+    return -(-units // RESOLUTION)
+
+
+def level(tier: Tier | None, pending: float, policy: Policy) -> int:
+    """The router's priority for a count that may be fractional, with ``tier`` (None: the
+    table alone)."""
+    return policy.priority_for(int(pending)) if tier is None else tier.priority(pending, policy)
