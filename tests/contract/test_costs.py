@@ -211,3 +211,20 @@ def test_inflight_counted_cost_is_the_costs_in_flight_under_any_interleaving(
     for task, cost in list(in_flight.items()):
         router.end("acme", task, cost=cost)
     assert router.state("acme").ttl_ms is None and not client.exists(router.store.key("acme"))
+
+
+@pytest.mark.integration
+def test_a_costed_inflight_publish_and_end_are_one_round_trip_each(
+    real_redis: redis.Redis, key_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    router = make(real_redis, key_prefix, mode="inflight")
+    router.record("warm", "w1", cost=2)  # the schema, the costs marker and the scripts, once
+    router.end("warm", "w1", cost=2)
+    sent = record_sends(real_redis, monkeypatch)
+
+    router.record("acme", "t1", cost=2.5)
+    router.record("acme", "t2")
+    router.end("acme", "t1", cost=2.5)
+    router.end("acme", "t2")
+
+    assert len(sent) == 4, sent
