@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test shapes lint bench demo celery-suite clean
+.PHONY: test shapes kill-matrix lint bench demo celery-suite clean
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" || { echo "make: Python 3.10 or newer is needed (set PYTHON=...)"; exit 1; }
@@ -23,6 +23,11 @@ test: $(STAMP)
 ## row a real publisher, worker and CLI (about 6 minutes).
 shapes: $(STAMP)
 	$(BIN)/python -m pytest tests/integration/test_shapes_matrix.py $(PYTEST_ARGS)
+
+## The kill matrices: `priority-router migrate` on RabbitMQ SIGKILLed after each step, in
+## both directions, then rerun, with every document counted once (about 4 minutes).
+kill-matrix: $(STAMP)
+	$(BIN)/python -m pytest tests/integration/test_migrate_rabbitmq.py -m matrix $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -41,6 +41,7 @@ from .consumers import ConsumerWatch
 from .endings import unwatch_endings, watch_endings
 from .pools import WorkerPool, pool_of_options, pool_of_worker
 from .publish import PublishReceiver
+from .publisher_pause import PublishPause
 from .rabbitmq import QUORUM_PRIORITIES, check_worker_queues, quorum_queue_names
 from .sender import publishing_app, unwrap_sender, wrap_sender
 from .starvation import AMQP_FIX, AMQP_REFUSAL, Sweeper, start_sweeper
@@ -118,6 +119,7 @@ def install(router: PriorityRouter, app: Celery) -> PublishReceiver:
             settle,
             on_decision=metrics.record_decision if metrics is not None else None,
         )
+        receiver.pause = PublishPause(app, lambda: (router.redis, router.config.key_prefix))
         installation = Installation(router, receiver)
         if router.config.consumer_check_interval > 0:
             installation.watch = ConsumerWatch(app, receiver, router.config.consumer_check_interval)

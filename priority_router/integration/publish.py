@@ -41,6 +41,7 @@ from .sender import publishing_app, republishing
 
 if TYPE_CHECKING:
     from ..config import RouterConfig
+    from .publisher_pause import PublishPause
 
 logger = logging.getLogger("priority_router")
 
@@ -80,6 +81,8 @@ class PublishReceiver:
         #: Queues (routing keys) this process published documents to.
         self.queues_seen: set[str] = set()
         self.on_publish: Callable[[], None] | None = None
+        #: Holds publishes to a RabbitMQ queue while ``priority-router migrate`` swaps it.
+        self.pause: PublishPause | None = None
 
     def use(self, config: RouterConfig) -> None:
         """Take these settings (the router's, after it followed the app's configuration)."""
@@ -100,6 +103,8 @@ class PublishReceiver:
         headers: dict[str, Any] | None = None,
         properties: dict[str, Any] | None = None,
         routing_key: str | None = None,
+        exchange: object = None,
+        declare: object = None,
         **_: Any,
     ) -> None:
         app = publishing_app.get()
@@ -114,6 +119,8 @@ class PublishReceiver:
             transport = self._settle(app)
             if transport is None:
                 return
+        if transport is Transport.AMQP and self.pause is not None:
+            self.pause.hold(exchange, routing_key, declare)
         chosen = self._chosen_wire(properties)
         try:
             decision = self.decide(sender or "", body, headers, chosen, transport)

@@ -39,10 +39,14 @@ class QueueNotPriorityError(ConfigurationError):
 
 
 def drain_and_delete(queues: list[str], vhost: str) -> str:
-    """The fix for FIFO queues in the way, as commands for the right vhost, checked first."""
+    """The fix for FIFO queues in the way, as commands for the right vhost: the migration
+    that keeps publishers running first, then the manual way, checked first."""
     p = shlex.quote(vhost)
+    migrations = "; ".join(f"priority-router migrate {shlex.quote(q)} --to router -A APP" for q in queues)
     deletes = "; ".join(f"rabbitmqctl delete_queue -p {p} {shlex.quote(q)}" for q in queues)
     return (
+        f"turn it into a priority queue while publishers run ({migrations}, with the app that has the "
+        "router installed: it moves what waits and loses nothing); or by hand: "
         f"check that nothing waits in it (rabbitmqctl list_queues -p {p} name messages "
         f"messages_unacknowledged consumers: 0 messages and 0 unacknowledged), stop its consumers, "
         f"then delete it ({deletes}) so it is redeclared as a priority queue; or route documents to "
@@ -139,12 +143,26 @@ def fifo_queue_in(exc: BaseException) -> str | None:
 
 def demote_to_fifo(app: Celery, queue_name: str) -> None:
     """Declare ``queue_name`` as it exists (no ``x-max-priority``) from now on, so
-    publishing to it keeps working; say once, loudly, that it serves FIFO."""
+    publishing to it keeps working; say once, loudly, that it serves FIFO.
+
+    A queue this app already declares without ``x-max-priority`` is refused for the other
+    reason: it has become a priority queue since (``priority-router migrate --to
+    router``), so the app declares it with ``x-max-priority`` again."""
     queue = app.amqp.queues.get(queue_name)
     if queue is not None:
         args = dict(queue.queue_arguments or {})
+        if "x-max-priority" not in args and queue.max_priority is None:
+            queue.queue_arguments = {**args, "x-max-priority": AMQP_MAX_PRIORITY}
+            _demoted.discard((id(app), queue_name))
+            logger.info(
+                "priority-router: queue %r is a priority queue again; its documents are served by "
+                "priority from now on",
+                queue_name,
+            )
+            return
         args.pop("x-max-priority", None)
         queue.queue_arguments = args or None
+        queue.max_priority = None
     if (id(app), queue_name) not in _demoted:
         _demoted.add((id(app), queue_name))
         logger.error(

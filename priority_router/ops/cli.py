@@ -6,7 +6,7 @@
     priority-router tier set CLIENT [--weight W] [--shift S] [--fixed P] | tier unset CLIENT | tier list
     priority-router queues -A workers.app [--json]
     priority-router doctor -A workers.app [--json]
-    priority-router migrate QUEUE --to router|plain -A workers.app [--dry-run] [--json]
+    priority-router migrate QUEUE --to router|plain -A workers.app [--dry-run] [--json] [--publishers-stopped]
     priority-router demo
 
 The counter store comes from ``--redis-url`` or ``PRIORITY_ROUTER_REDIS_URL`` (and the
@@ -491,6 +491,11 @@ def doctor(
     show_default=True,
     help="Redis: messages moved per call (each call holds Redis about a millisecond per 500).",
 )
+@click.option(
+    "--publishers-stopped",
+    is_flag=True,
+    help="RabbitMQ: nothing publishes to QUEUE (needed when the app has no router to pause its publishers).",
+)
 @json_option
 @click.pass_context
 def migrate(
@@ -501,6 +506,7 @@ def migrate(
     broker_url: str | None,
     dry_run: bool,
     batch: int,
+    publishers_stopped: bool,
     as_json: bool,
 ) -> None:
     """Move QUEUE's waiting documents between the router's layout and plain Celery's,
@@ -520,7 +526,9 @@ def migrate(
         if transport is Transport.REDIS:
             report = migrate_redis.migrate(app, queue, Target(target), dry_run=dry_run, batch=batch)
         else:
-            report = migrate_rabbitmq.migrate(app, queue, Target(target), dry_run=dry_run)
+            report = migrate_rabbitmq.migrate(
+                app, queue, Target(target), dry_run=dry_run, publishers_stopped=publishers_stopped
+            )
     except PriorityRouterError as exc:
         _fail(str(exc), 2)
     except Exception as exc:
