@@ -224,8 +224,10 @@ def check_worker_queues(app: Celery, quorum: list[str]) -> None:
         logger.critical("priority-router: %s", exc)
         # Signal receivers' exceptions are only logged by Celery; SystemExit is not.
         raise SystemExit(
-            "priority-router: the worker refuses to start: " + ", ".join(exc.queues) + " would serve "
-            "documents in arrival order (the CRITICAL line above says why and how to fix it)"
+            "priority-router: the worker refuses to start: RabbitMQ would serve the queue"
+            + ("s " if len(exc.queues) > 1 else " ")
+            + ", ".join(repr(q) for q in exc.queues)
+            + " in arrival order (the priority-router line above says why and how to fix it)"
         ) from None
     if not quorum:
         return
