@@ -5,8 +5,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, TypeVar
 
 import redis
 from celery import Celery
@@ -33,6 +33,7 @@ from .store.tier_store import TierStore
 from .tiers import Tier, decode
 
 logger = logging.getLogger("priority_router")
+T = TypeVar("T")
 
 
 class PriorityRouter:
@@ -177,16 +178,8 @@ class PriorityRouter:
         if inflight is None or not self._breaker.allow():
             return False
         units = self._units_or_one(cost, client_id)
-        try:
-            self.schema.check()
-            ended = inflight.end(client_id, task_id, units, self.costs_in_use())
-        except SchemaMismatch:
-            return False
-        except Exception as exc:
-            self._breaker.failure(exc)
-            return False
-        self._breaker.success()
-        return ended
+        ended = self._quietly(lambda: inflight.end(client_id, task_id, units, self.costs_in_use()))
+        return bool(ended)
 
     def record_many(self, client_id: object, n: int, *, cost: float = 1) -> list[Decision]:
         """``n`` counted submissions for ``client_id``, each of ``cost``, in one Redis round
@@ -262,18 +255,17 @@ class PriorityRouter:
         units = self._units_or_one(cost, client_id)
         metrics = self.metrics
         started = time.perf_counter() if metrics is not None else 0.0
-        try:
-            self.schema.check()
+
+        def count() -> tuple[bool, int | float, Any]:
             tiered = self._tiered()
-            pending, stored = self._count(client_id, task_id, tiered, units)
-        except SchemaMismatch:
-            return self._fail_open(client_id)
-        except Exception as exc:
-            self._breaker.failure(exc)
+            return (tiered, *self._count(client_id, task_id, tiered, units))
+
+        counted = self._quietly(count)
+        if counted is None:
             return self._fail_open(client_id)
         if metrics is not None:
             metrics.counter_seconds.observe(time.perf_counter() - started)
-        self._breaker.success()
+        tiered, pending, stored = counted
         return self._decision(client_id, pending, stored, tiered, units)
 
     def decide_many(self, client_id: str, n: int, cost: object = None) -> list[Decision]:
@@ -282,16 +274,15 @@ class PriorityRouter:
         if n == 0 or not self._breaker.allow():
             return fail_open
         units = self._units_or_one(cost, client_id)
-        try:
-            self.schema.check()
+
+        def count() -> tuple[bool, list[int | float], Any]:
             tiered = self._tiered()
-            pendings, stored = self.counter.count(client_id, n, units, tiered, self._costs(units))
-        except SchemaMismatch:
+            return (tiered, *self.counter.count(client_id, n, units, tiered, self._costs(units)))
+
+        counted = self._quietly(count)
+        if counted is None:
             return fail_open
-        except Exception as exc:
-            self._breaker.failure(exc)
-            return fail_open
-        self._breaker.success()
+        tiered, pendings, stored = counted
         return [self._decision(client_id, p, stored, tiered, units) for p in pendings]
 
     def state(self, client_id: object) -> CounterState:
@@ -456,6 +447,20 @@ class PriorityRouter:
         if client is None:
             raise ValueError(f"{client_id!r} is not a client id: use a non-empty string or a number")
         return client
+
+    def _quietly(self, use: Callable[[], T]) -> T | None:
+        """``use()`` on the store, for the calls that never raise: None when the store is
+        another release's, or fails (it is then left alone for ``cooldown``)."""
+        try:
+            self.schema.check()
+            result = use()
+        except SchemaMismatch:
+            return None
+        except Exception as exc:
+            self._breaker.failure(exc)
+            return None
+        self._breaker.success()
+        return result
 
     @contextlib.contextmanager
     def _store(self, what: str, client: str) -> Iterator[None]:
