@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test shapes kill-matrix lint bench demo celery-suite clean
+.PHONY: test shapes kill-matrix matrix lint bench demo celery-suite clean
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" || { echo "make: Python 3.10 or newer is needed (set PYTHON=...)"; exit 1; }
@@ -28,6 +28,14 @@ shapes: $(STAMP)
 ## both directions, then rerun, with every document counted once (about 4 minutes).
 kill-matrix: $(STAMP)
 	$(BIN)/python -m pytest tests/integration/test_migrate_rabbitmq.py -m matrix $(PYTEST_ARGS)
+
+## The Celery compatibility matrix (noxfile.py): the unit and contract tests and the
+## integration tests marked compat, on the oldest supported Celery, kombu and redis-py, each
+## Celery minor since and the newest (RabbitMQ too), each in its own virtualenv under .nox/;
+## prints the results table at the end (about 11 minutes).  NOX_ARGS="-s celery-5.6" runs
+## one row; PYTEST_ARGS go to pytest.
+matrix: $(STAMP)
+	$(BIN)/nox $(NOX_ARGS) -- $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -57,4 +65,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/fairness.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .nox .pytest_cache .mypy_cache .ruff_cache

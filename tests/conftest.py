@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import fakeredis
 import pytest
@@ -38,6 +39,17 @@ def _leave_redis_as_found() -> Iterator[None]:
         yield
     finally:
         _SWEEP_REPORT.append(sweep.finish())
+
+
+INTEGRATION = Path(__file__).parent / "integration"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """``compat`` (the Celery matrix, noxfile.py) is every unit and contract test, and the
+    integration tests marked with it."""
+    for item in items:
+        if INTEGRATION not in item.path.parents:
+            item.add_marker(pytest.mark.compat)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -12,7 +12,9 @@ these the worker sees:
 - ``task_failure`` sent by the worker's main process for a document whose process was
   lost (``WorkerLostError``), rejected without requeue, or killed at its hard time limit
   (Celery reports a hard time limit twice, once without the request: that one is not
-  an end);
+  an end).  Celery 5.7 puts the document's request on the task's stack for this signal;
+  before 5.7 ``sender.request`` there is the main process's empty one, so the request is
+  found by id among those this process received (``task_received``);
 - ``task_unknown`` (no such task registered in this worker).
 
 Each end is ``LREM`` of one entry of the document: it removes it at most once, so end
@@ -33,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from celery import Celery
 from celery import states as S
 from celery.exceptions import Reject, TimeLimitExceeded, WorkerLostError
-from celery.signals import task_failure, task_postrun, task_revoked, task_unknown
+from celery.signals import task_failure, task_postrun, task_received, task_revoked, task_unknown
 
 from .. import headers as H
 from ..store.keys import normalize_client_id
@@ -49,6 +51,9 @@ _LOST = (WorkerLostError, TimeLimitExceeded, Reject)
 
 RouterOf = Callable[[Celery], "PriorityRouter | None"]
 _watched: weakref.WeakKeyDictionary[Celery, RouterOf] = weakref.WeakKeyDictionary()
+#: The counted documents this worker's main process holds, by task id: a request lives as
+#: long as the worker holds its document, so an entry goes with it.
+_received: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
 
 
 def watch_endings(app: Celery, router_of: RouterOf) -> None:
@@ -58,6 +63,7 @@ def watch_endings(app: Celery, router_of: RouterOf) -> None:
     task_revoked.connect(_on_revoked, dispatch_uid=_UID)
     task_failure.connect(_on_failure, dispatch_uid=_UID)
     task_unknown.connect(_on_unknown, dispatch_uid=_UID)
+    task_received.connect(_on_received, dispatch_uid=_UID)
 
 
 def unwatch_endings(app: Celery) -> None:
@@ -115,8 +121,20 @@ def _on_failure(sender: Any = None, task_id: Any = None, exception: Any = None, 
     if not isinstance(exception, _LOST) or (isinstance(exception, Reject) and exception.requeue):
         return
     router = _router(getattr(sender, "app", None))
-    if router is not None:
-        end_document(router, sender.request, task_id)
+    if router is None:
+        return
+    request = getattr(sender, "request", None)
+    if getattr(request, "id", None) != task_id:  # Celery before 5.7: not this document's
+        received = _received.get(task_id) if isinstance(task_id, str) else None
+        request = getattr(received, "request_dict", None)
+    if request is not None:
+        end_document(router, request, task_id)
+
+
+def _on_received(sender: Any = None, request: Any = None, **_: Any) -> None:
+    headers = getattr(request, "request_dict", None)
+    if isinstance(headers, Mapping) and headers.get(H.INFLIGHT) and isinstance(request.id, str):
+        _received[request.id] = request
 
 
 def _on_unknown(sender: Any = None, id: Any = None, message: Any = None, **_: Any) -> None:

@@ -13,6 +13,7 @@ import shlex
 from typing import Any
 
 from celery import Celery
+from celery.app.defaults import DEFAULTS as CELERY_DEFAULTS
 
 from ..errors import ConfigurationError
 from .brokers import AMQP_MAX_PRIORITY
@@ -64,10 +65,18 @@ def is_quorum(queue: Any) -> bool:
     return (getattr(queue, "queue_arguments", None) or {}).get("x-queue-type") == "quorum"
 
 
+def queue_type_setting(conf: Any, key: str) -> Any:
+    """``conf[key]`` for a queue-type setting, None where this Celery has no such setting
+    (``task_default_queue_type`` is Celery 5.5's, ``task_create_missing_queue_type`` 5.6's):
+    an older Celery ignores it and declares classic queues."""
+    return conf.get(key) if key in CELERY_DEFAULTS else None
+
+
 def uses_quorum_queues(app: Celery) -> bool:
     """Whether any queue the app declares, or creates on demand, is a quorum queue."""
     conf = app.conf
-    if "quorum" in (conf.get("task_default_queue_type"), conf.get("task_create_missing_queue_type")):
+    settings = ("task_default_queue_type", "task_create_missing_queue_type")
+    if "quorum" in (queue_type_setting(conf, key) for key in settings):
         return True
     declared = conf.task_queues or ()
     built = app.amqp.__dict__.get("queues")
@@ -83,7 +92,8 @@ def declared_queues(app: Celery) -> list[Any]:
 def quorum_queue_names(app: Celery) -> list[str]:
     """The names of the app's quorum queues, including a default queue not built yet."""
     names = [q.name for q in declared_queues(app) if is_quorum(q)]
-    if app.conf.get("task_default_queue_type") == "quorum" and app.amqp.__dict__.get("queues") is None:
+    default_type = queue_type_setting(app.conf, "task_default_queue_type")
+    if default_type == "quorum" and app.amqp.__dict__.get("queues") is None:
         names.append(app.conf.task_default_queue)
     return sorted(set(names))
 

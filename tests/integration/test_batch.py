@@ -13,6 +13,7 @@ from priority_router.router import installed_router
 SEQUENTIAL = [1, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7, 8, 8, 8, 8, 8, 8, 9, 9, 9, 9]
 
 
+@pytest.mark.compat
 def test_a_group_in_a_batch_gets_the_one_by_one_priorities_in_one_round_trip(
     producer: Callable[[], Celery], worker_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -15,6 +15,8 @@ from click.testing import CliRunner, Result
 from priority_router import PriorityRouter
 from priority_router.ops.cli import main
 
+pytestmark = pytest.mark.compat
+
 
 @pytest.fixture
 def router(counter_url: str, key_prefix: str) -> PriorityRouter:

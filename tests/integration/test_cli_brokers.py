@@ -92,6 +92,7 @@ def publish_burst(app: Celery) -> None:
     app.send_task("doc", headers={"client_id": "light"})
 
 
+@pytest.mark.compat
 def test_queues_counts_each_priority_level(app_module: AppFactory, broker_url: str) -> None:
     queue = f"q-{uuid.uuid4().hex[:8]}"
     routed = app_module(broker_url, queue)
@@ -113,6 +114,7 @@ def test_queues_counts_each_priority_level(app_module: AppFactory, broker_url: s
         assert depth["consumers"] == 0
 
 
+@pytest.mark.compat
 def test_doctor_passes_an_installed_app(app_module: AppFactory, broker_url: str) -> None:
     queue = f"q-{uuid.uuid4().hex[:8]}"
     name = app_module(broker_url, queue)

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from celery import Celery
 from click.testing import CliRunner
+from support.celery_versions import needs_queue_type_setting
 from support.services import Worker, close_app, running_worker
 
 from priority_router.ops.cli import main
@@ -66,6 +67,7 @@ def _started_order(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(results, key=lambda r: r["started_at"])
 
 
+@pytest.mark.compat
 def test_django_style_project_with_install_before_configuration(
     load: Loader, worker_env: dict[str, str]
 ) -> None:
@@ -194,7 +196,9 @@ def test_rabbitmq_worker_without_router_fails_loudly_and_doctor_explains(
     assert "PRECONDITION_FAILED" in finding["detail"] and "install the router" in finding["fix"]
 
 
+@pytest.mark.compat
 @pytest.mark.rabbitmq
+@needs_queue_type_setting
 @pytest.mark.parametrize("broker_url", ["amqp"], indirect=True)
 def test_quorum_default_queue_is_declared_and_served(load: Loader, worker_env: dict[str, str]) -> None:
     app = load("shapes.djproj", QUEUE_TYPE="quorum")

@@ -93,6 +93,7 @@ def wire(m: Message) -> tuple[object, object]:
     return m.properties.get("priority"), m.properties.get("expiration")
 
 
+@pytest.mark.compat
 def test_headers_carry_the_decision_and_the_wire_is_plain_celerys(
     plain_app: Callable[[str], Celery], dry_env: dict[str, str]
 ) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from celery import Celery
 from support.services import running_worker
 
@@ -17,6 +18,7 @@ def _results(app: Celery, ids: list[str], timeout: float = 120) -> list[dict[str
     return [app.AsyncResult(i).get(timeout=timeout) for i in ids]
 
 
+@pytest.mark.compat
 def test_light_clients_run_before_heavy_backlog(
     producer: Callable[[], Celery], worker_env: dict[str, str]
 ) -> None:
@@ -48,6 +50,7 @@ def test_light_clients_run_before_heavy_backlog(
     assert heavy_run == sorted(heavy_run), heavy_run
 
 
+@pytest.mark.compat
 def test_children_and_retries_in_a_real_worker(
     producer: Callable[[], Celery], worker_env: dict[str, str]
 ) -> None:

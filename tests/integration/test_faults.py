@@ -165,6 +165,7 @@ def test_concurrent_publisher_processes_lose_no_update(redis_server_url: str, ke
     assert PriorityRouter(redis_url=url, key_prefix=key_prefix).peek("shared").pending == -1999
 
 
+@pytest.mark.compat
 def test_a_killed_worker_loses_no_document(
     producer: Callable[[], Celery], worker_env: dict[str, str]
 ) -> None:

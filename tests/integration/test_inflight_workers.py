@@ -16,6 +16,8 @@ from support.services import FAST_REDELIVERY, kill_worker_mid_work, running_work
 from priority_router import PriorityRouter
 from priority_router.store.inflight import member
 
+pytestmark = pytest.mark.compat
+
 HOLD = "tests.hold_and_record"
 
 

@@ -31,6 +31,7 @@ def env(redis_server_url: str, key_prefix: str) -> dict[str, str]:
     }
 
 
+@pytest.mark.compat
 def test_overdue_heavy_documents_run_before_fresh_light_ones(env: dict[str, str]) -> None:
     app = create_app(env)
     try:

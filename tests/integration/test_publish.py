@@ -6,12 +6,15 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from celery import Celery
 from support.broker import drain
 from support.services import close_app
 
 from priority_router import PriorityRouter, Transport, from_wire
 from priority_router import headers as H
+
+pytestmark = pytest.mark.compat
 
 
 def transport_of(app: Celery) -> Transport:

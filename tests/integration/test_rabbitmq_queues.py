@@ -16,7 +16,7 @@ from priority_router import headers as H
 from priority_router.integration.rabbitmq import QueueNotPriorityError, verify_priority_queues
 from workers.app import create_app
 
-pytestmark = pytest.mark.rabbitmq
+pytestmark = [pytest.mark.rabbitmq, pytest.mark.compat]
 
 
 @pytest.fixture

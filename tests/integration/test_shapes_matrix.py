@@ -34,6 +34,8 @@ FAST = {
     ("gevent", "redis", "django"),
     ("eventlet", "redis", "environment"),
 }
+#: The rows of the Celery matrix (make matrix): a green pool, and RabbitMQ on the newest Celery.
+COMPAT = {("gevent", "redis", "django"), ("threads", "amqp", "celery")}
 HEAVY, LIGHT = 40, 3
 
 
@@ -44,6 +46,8 @@ def _rows() -> Iterator[object]:
                 marks = [pytest.mark.rabbitmq] if broker == "amqp" else []
                 if (pool, broker, source) not in FAST:
                     marks.append(pytest.mark.matrix)
+                if (pool, broker, source) in COMPAT:
+                    marks.append(pytest.mark.compat)
                 yield pytest.param(pool, broker, source, marks=marks, id=f"{pool}-{broker}-{source}")
 
 

@@ -9,8 +9,11 @@ import weakref
 import fakeredis
 import pytest
 from celery import Celery
+from support.celery_versions import needs_queue_type_setting
 
 from priority_router import ConfigurationError, PriorityRouter, Transport
+from priority_router.integration import rabbitmq
+from priority_router.integration.brokers import AMQP_MAX_PRIORITY
 from priority_router.router import installed_router
 
 
@@ -200,6 +203,7 @@ def test_sender_settings_changed_after_install_are_honoured() -> None:
     assert frozen["default_delivery_mode"].cell_contents == "transient"
 
 
+@needs_queue_type_setting
 def test_quorum_default_queue_gets_no_max_priority(caplog: pytest.LogCaptureFixture) -> None:
     app = Celery("a", broker="amqp://guest:guest@127.0.0.1:1//", set_as_current=False)
     app.conf.task_default_queue_type = "quorum"
@@ -208,6 +212,22 @@ def test_quorum_default_queue_gets_no_max_priority(caplog: pytest.LogCaptureFixt
         assert app.amqp.default_queue.queue_arguments == {"x-queue-type": "quorum"}
     assert app.conf.task_queue_max_priority is None
     assert "quorum queues" in caplog.text and "4.0" in caplog.text
+
+
+def test_a_queue_type_setting_this_celery_ignores_leaves_a_classic_queue(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Celery 5.4 has no task_default_queue_type and declares a classic queue whatever it
+    says: that queue needs its max priority like any other (on a newer Celery, the router
+    is shown a Celery without the setting)."""
+    known = {k: v for k, v in rabbitmq.CELERY_DEFAULTS.items() if not k.endswith("_queue_type")}
+    monkeypatch.setattr(rabbitmq, "CELERY_DEFAULTS", known)
+    app = Celery("a", broker="amqp://guest:guest@127.0.0.1:1//", set_as_current=False)
+    app.conf.task_default_queue_type = "quorum"
+    with caplog.at_level(logging.WARNING, "priority_router"):
+        router().install(app)
+    assert app.conf.task_queue_max_priority == AMQP_MAX_PRIORITY
+    assert "quorum" not in caplog.text
 
 
 def test_quorum_and_classic_queues_side_by_side() -> None:
