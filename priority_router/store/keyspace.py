@@ -112,8 +112,8 @@ class ClientKeys:
     def clear(self, client_id: str) -> bool:
         """Forget one client; True when it had state."""
         extras = self.extras_key(client_id)
-        cleared = bool(self._redis.delete(self.key(client_id)))
-        return bool(self._redis.delete(extras)) or cleared if extras is not None else cleared
+        # One command: the extras key shares the client's hash tag, so its slot on a Cluster.
+        return bool(self._redis.delete(self.key(client_id), *(() if extras is None else (extras,))))
 
     def scan(self, count: int = 500) -> Iterator[CounterState]:
         """Every tracked client, read in batches of ``count``."""
