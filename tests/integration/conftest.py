@@ -1,8 +1,12 @@
 from __future__ import annotations
 
 import contextlib
+import sys
+import textwrap
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -85,3 +89,53 @@ def cli(counter_url: str, key_prefix: str) -> Callable[..., Result]:
         )
 
     return run
+
+
+#: ``make(broker, queue, settings=None, install=True)``: the import name of a new app module.
+AppFactory = Callable[..., str]
+
+
+@pytest.fixture
+def app_module(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, redis_server_url: str, key_prefix: str
+) -> Iterator[AppFactory]:
+    """Writes a Celery app module the CLI loads with ``-A``; returns its import name."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    loaded: list[str] = []
+
+    def make(broker: str, queue: str, settings: dict[str, Any] | None = None, install: bool = True) -> str:
+        name = f"cli_app_{uuid.uuid4().hex[:8]}"
+        (tmp_path / f"{name}.py").write_text(
+            textwrap.dedent(
+                f"""
+                from celery import Celery
+                from priority_router import PriorityRouter
+
+                app = Celery({name!r})
+                app.conf.update(broker_url={broker!r}, task_default_queue={queue!r})
+                app.conf.update({settings or {}!r})
+
+                if {install!r}:
+                    PriorityRouter(
+                        redis_url={counter_db_url(redis_server_url)!r}, key_prefix={key_prefix!r}
+                    ).install(app)
+                """
+            )
+        )
+        loaded.append(name)
+        return name
+
+    yield make
+    for name in loaded:
+        module = sys.modules.pop(name, None)
+        if module is not None:
+            with contextlib.suppress(Exception):
+                _purge(module.app)
+
+
+def _purge(app: Celery) -> None:
+    with app.connection_for_write() as conn:
+        for queue in app.amqp.queues.values():
+            with contextlib.suppress(Exception):
+                queue.bind(conn.default_channel).delete()
+    close_app(app)

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import json
-import sys
-import textwrap
 import uuid
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -17,57 +13,11 @@ from amqp.exceptions import NotFound
 from celery import Celery
 from click.testing import CliRunner
 from kombu import Connection, Queue
-from support.services import broker_db_url, close_app, counter_db_url
+from support.services import broker_db_url
 
 from priority_router.ops.cli import main
 
 AppFactory = Callable[..., str]
-
-
-@pytest.fixture
-def app_module(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, redis_server_url: str, key_prefix: str
-) -> Iterator[AppFactory]:
-    """Writes a Celery app module the CLI loads with ``-A``; returns its import name."""
-    monkeypatch.syspath_prepend(str(tmp_path))
-    loaded: list[str] = []
-
-    def make(broker: str, queue: str, settings: dict[str, Any] | None = None, install: bool = True) -> str:
-        name = f"cli_app_{uuid.uuid4().hex[:8]}"
-        (tmp_path / f"{name}.py").write_text(
-            textwrap.dedent(
-                f"""
-                from celery import Celery
-                from priority_router import PriorityRouter
-
-                app = Celery({name!r})
-                app.conf.update(broker_url={broker!r}, task_default_queue={queue!r})
-                app.conf.update({settings or {}!r})
-
-                if {install!r}:
-                    PriorityRouter(
-                        redis_url={counter_db_url(redis_server_url)!r}, key_prefix={key_prefix!r}
-                    ).install(app)
-                """
-            )
-        )
-        loaded.append(name)
-        return name
-
-    yield make
-    for name in loaded:
-        module = sys.modules.pop(name, None)
-        if module is not None:
-            with contextlib.suppress(Exception):
-                _purge(module.app)
-
-
-def _purge(app: Celery) -> None:
-    with app.connection_for_write() as conn:
-        for queue in app.amqp.queues.values():
-            with contextlib.suppress(Exception):
-                queue.bind(conn.default_channel).delete()
-    close_app(app)
 
 
 def _app(name: str) -> Celery:

@@ -10,7 +10,6 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 import redis
@@ -204,16 +203,9 @@ def test_switching_off_under_plain_workers_runs_every_document_once(
 
 
 @pytest.fixture
-def plain_app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, redis_server_url: str, queue: str) -> str:
+def plain_app(app_module: Callable[..., str], redis_server_url: str, queue: str) -> str:
     """A module with the app the workers run once the router is off (``-A`` loads it)."""
-    monkeypatch.syspath_prepend(str(tmp_path))
-    name = f"plain_{uuid.uuid4().hex[:8]}"
-    (tmp_path / f"{name}.py").write_text(
-        "from celery import Celery\n"
-        f"app = Celery({name!r}, broker={broker_db_url(redis_server_url)!r})\n"
-        f"app.conf.task_default_queue = {queue!r}\n"
-    )
-    return name
+    return app_module(broker_db_url(redis_server_url), queue, install=False)
 
 
 def test_queues_and_doctor_on_a_plain_app_find_stranded_documents_and_name_the_command(
@@ -240,15 +232,9 @@ def test_queues_and_doctor_on_a_plain_app_find_stranded_documents_and_name_the_c
 
 
 def test_doctor_fails_on_a_store_of_another_schema(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, redis_server_url: str, key_prefix: str
+    app_module: Callable[..., str], redis_server_url: str, key_prefix: str, queue: str
 ) -> None:
-    monkeypatch.syspath_prepend(str(tmp_path))
-    name = f"routed_{uuid.uuid4().hex[:8]}"
-    (tmp_path / f"{name}.py").write_text(
-        "from celery import Celery\nfrom priority_router import PriorityRouter\n"
-        f"app = Celery({name!r}, broker={broker_db_url(redis_server_url)!r})\n"
-        f"PriorityRouter({counter_db_url(redis_server_url)!r}, key_prefix={key_prefix!r}).install(app)\n"
-    )
+    name = app_module(broker_db_url(redis_server_url), queue)
     store = redis.Redis.from_url(counter_db_url(redis_server_url))
     store.set(f"{key_prefix}schema", "7")
     try:
