@@ -9,7 +9,9 @@ client without one of its own):
 - ``shift``: the table's priority moved by whole levels, kept within 1..9 (``-1``: one
   level more urgent, a paid tier);
 - ``fixed``: one priority for every document, whatever the count (an internal client
-  always at 1, an abusive one at 9); weight and shift then do nothing and are refused.
+  always at 1, an abusive one at 9); weight and shift then do nothing and are refused;
+- ``limits``: caps and a rate on the client's running documents (``limits.py``), which
+  the workers enforce; they do not change the priority.
 
 Tiers live in the counter store, so operators change them without a deploy
 (``priority-router tier set``); a client's tier is read inside its publish's own check
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from .errors import ConfigurationError
+from .limits import NONE, Limits
 from .policy import LEAST_URGENT, MOST_URGENT, Policy, check_priority
 
 #: Largest weight accepted: beyond it a client would never leave priority 1 in practice.
@@ -39,6 +42,7 @@ class Tier:
     weight: float = 1.0
     shift: int = 0
     fixed: int | None = None
+    limits: Limits = NONE
 
     def __post_init__(self) -> None:
         weight = self.weight
@@ -89,28 +93,33 @@ class Tier:
         return ";".join(parts)
 
     def describe(self) -> str:
-        """For people, headers and logs: ``weight=2 shift=-1``, ``fixed=1``, ``neutral``."""
-        return (
+        """For people, headers and logs: ``weight=2 shift=-1``, ``fixed=1 max_in_flight=3``,
+        ``neutral``."""
+        priority = (
             self.encode()
             .replace("w=", "weight=")
             .replace("s=", "shift=")
             .replace("f=", "fixed=")
             .replace(";", " ")
-            or "neutral"
         )
+        return " ".join(filter(None, (priority, self.limits.describe()))) or "neutral"
+
+    def with_limits(self, limits: Limits) -> Tier:
+        return Tier(self.weight, self.shift, self.fixed, limits)
 
     def applied_as(self, source: str) -> str:
         """How a decision, its ``priority_router_tier`` header and ``inspect`` name this tier
         applied to a client: ``client: weight=2`` (its own) or ``default: fixed=9``."""
         return f"{source}: {self.describe()}"
 
-    def as_dict(self) -> dict[str, float | int | None]:
-        return {"weight": self.weight, "shift": self.shift, "fixed": self.fixed}
+    def as_dict(self) -> dict[str, object]:
+        return {"weight": self.weight, "shift": self.shift, "fixed": self.fixed, **self.limits.as_dict()}
 
 
 @lru_cache(maxsize=1024)
 def decode(stored: bytes | str) -> Tier:
-    """A stored tier back; ConfigurationError when it is not one (written by hand)."""
+    """A stored tier back (its priority part: limits are stored apart, ``limits.py``);
+    ConfigurationError when it is not one (written by hand)."""
     text = stored.decode("ascii", "replace") if isinstance(stored, bytes) else stored
     values: dict[str, str] = {}
     for part in filter(None, text.split(";")):
