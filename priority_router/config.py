@@ -80,6 +80,9 @@ class RouterConfig:
     #: Read each client's tier (``priority-router tier set``) inside its check, and the
     #: default tier every few seconds.  False sends the bare check and ignores tiers.
     tiers: bool = True
+    #: Seconds a worker's gated document keeps its client's slot (``max_in_flight``) without
+    #: the worker renewing it: a crashed worker's slots come back within this time.
+    lease: float = 30.0
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -103,6 +106,14 @@ class RouterConfig:
         set_(self, "connect_timeout", _positive("connect_timeout", self.connect_timeout))
         set_(self, "socket_timeout", _positive("socket_timeout", self.socket_timeout))
         set_(self, "cooldown", _positive("cooldown", self.cooldown))
+        set_(self, "lease", _positive("lease", self.lease))
+        if self.lease < 3:
+            raise ConfigurationError(
+                "lease",
+                f"{self.lease!r} s is under 3 s: workers renew leases every lease/3 seconds, and a lease "
+                "shorter than a few round trips lapses under load",
+                "use seconds >= 3; 30 by default",
+            )
         set_(self, "thresholds", _policy(self.thresholds))
         if self.max_wait is not None:
             set_(self, "max_wait", _max_wait(self.max_wait))

@@ -23,3 +23,6 @@ COST = "priority_router_cost"
 #: The tier that adjusted the priority, as ``"client: weight=2 shift=-1"`` or
 #: ``"default: fixed=9"``; absent when the threshold table alone decided.
 TIER = "priority_router_tier"
+#: Present (True) on a document the worker's gate admitted under its client's limits: its
+#: end frees the client's slot (``integration/gate.py``).  Set by the worker, never sent.
+GATED = "priority_router_gated"

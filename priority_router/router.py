@@ -21,13 +21,16 @@ from .integration.install import install as install_router
 from .integration.install import uninstall as uninstall_router
 from .integration.metrics import RouterMetrics, get_metrics
 from .integration.publish import PublishReceiver
+from .limits import NONE, Limits
 from .redact import redact_url
 from .store.breaker import CircuitBreaker
 from .store.connection import make_client
 from .store.costs import ONE, CostsInUse, InvalidCost, as_count, cost_units
 from .store.counter import Counter, CounterState
+from .store.gate import GateState, GateStore, Verdict
 from .store.inflight import InflightCounter
 from .store.keys import normalize_client_id
+from .store.limit_store import LimitStore
 from .store.schema import SchemaMismatch, StoreSchema
 from .store.tier_store import TierStore
 from .tiers import Tier, decode
@@ -102,6 +105,11 @@ class PriorityRouter:
         self.schema = StoreSchema(redis_client, config.key_prefix)
         #: Per-client tiers and the default tier (``tiers.py``).
         self.tier_store = TierStore(redis_client, config.key_prefix)
+        #: Per-client caps and rates (``limits.py``), which workers' gates enforce.
+        self.limit_store = LimitStore(redis_client, config.key_prefix)
+        #: The gate's per-client state: running, held (``store/gate.py``).
+        self.gate_store = GateStore(redis_client, config.key_prefix, config.lease)
+        self._warned: set[str] = set()
         self._bad_tiers: set[str] = set()
         self._bad_costs: set[object] = set()
         #: Whether any costed document has been counted under the prefix (``store/costs.py``).
@@ -294,28 +302,59 @@ class PriorityRouter:
     # -- tiers ------------------------------------------------------------------------
 
     def set_tier(
-        self, client_id: object, *, weight: float = 1.0, shift: int = 0, fixed: int | None = None
+        self,
+        client_id: object,
+        *,
+        weight: float = 1.0,
+        shift: int = 0,
+        fixed: int | None = None,
+        max_in_flight: int | None = None,
+        borrow: bool = False,
+        rate: str | None = None,
+        burst: int | None = None,
+        max_cost_in_flight: float | None = None,
     ) -> Tier:
-        """Give ``client_id`` a tier of its own (``tiers.py``), in effect from its next
-        publish on every publisher; a neutral tier exempts it from the default tier.
-        Raises :class:`ConfigurationError` for bad values, before anything is stored."""
+        """Give ``client_id`` a tier of its own (``tiers.py``): its priority adjustments, in
+        effect from its next publish on every publisher, and its limits (``limits.py``:
+        at most ``max_in_flight`` documents running at once, ``rate`` starts per unit), in
+        effect on every worker within a second.  A tier of its own replaces the default
+        tier, limits included; a neutral one exempts the client from it.  Raises
+        :class:`ConfigurationError` for bad values, before anything is stored."""
         client = self._client(client_id)
-        tier = Tier(weight, shift, fixed)
+        tier = Tier(weight, shift, fixed, Limits(max_in_flight, borrow, rate, burst, max_cost_in_flight))
         with self._store("set the tier of", client):
             self.tier_store.set(client, tier)
+            self.limit_store.set(client, tier.limits)
         return tier
 
     def unset_tier(self, client_id: object) -> bool:
         """Remove the client's own tier (the default tier applies again); True if it had one."""
         client = self._client(client_id)
         with self._store("unset the tier of", client):
+            self.limit_store.unset(client)
             return self.tier_store.unset(client)
 
     def tier(self, client_id: object) -> Tier | None:
-        """The client's own tier, None when it has none."""
+        """The client's own tier with its limits, None when it has none."""
         client = self._client(client_id)
         with self._store("read the tier of", client):
-            return self.tier_store.get(client)
+            tier = self.tier_store.get(client)
+            if tier is None:
+                return None
+            return tier.with_limits(self.limit_store.get(client) or NONE)
+
+    def limits(self, client_id: object) -> Limits:
+        """The limits workers apply to ``client_id`` now: its own tier's, else the default's."""
+        client = self._client(client_id)
+        with self._store("read the limits of", client):
+            own = self.limit_store.get(client)
+            return own if own is not None else self.limit_store.get_default()
+
+    def gate_state(self, client_id: object) -> GateState:
+        """How many of the client's documents run and how many its limits hold."""
+        client = self._client(client_id)
+        with self._store("read the gate of", client):
+            return self.gate_store.read(client)
 
     def tiers(self) -> dict[str, Tier]:
         """Every client with a tier of its own (read with SCAN, in batches).  A tier stored
@@ -323,36 +362,89 @@ class PriorityRouter:
         found: dict[str, Tier] = {}
         self.follow_apps()
         with self._store("list the tiers of", "every client"):
+            limits = self.limit_store.all()
             for client, tier in self.tier_store.scan():
                 if isinstance(tier, ConfigurationError):
                     raise ConfigurationError(f"the tier of {client!r}", tier.problem, tier.fix)
-                found[client] = tier
+                own = limits.get(client, NONE)
+                if isinstance(own, ConfigurationError):
+                    raise ConfigurationError(f"the limits of {client!r}", own.problem, own.fix)
+                found[client] = tier.with_limits(own)
         return found
 
-    def set_default_tier(self, *, weight: float = 1.0, shift: int = 0, fixed: int | None = None) -> Tier:
+    def set_default_tier(
+        self,
+        *,
+        weight: float = 1.0,
+        shift: int = 0,
+        fixed: int | None = None,
+        max_in_flight: int | None = None,
+        borrow: bool = False,
+        rate: str | None = None,
+        burst: int | None = None,
+        max_cost_in_flight: float | None = None,
+    ) -> Tier:
         """The tier of every client without one of its own; publishers pick a change up
-        within a few seconds (``store/tier_store.py``)."""
-        tier = Tier(weight, shift, fixed)
+        within a few seconds (``store/tier_store.py``), workers its limits within a second."""
+        tier = Tier(weight, shift, fixed, Limits(max_in_flight, borrow, rate, burst, max_cost_in_flight))
         if tier == Tier():
             raise ConfigurationError(
                 "default tier",
                 "a neutral default tier changes nothing",
-                "give weight, shift or fixed; to remove the default tier, call unset_default_tier()",
+                "give weight, shift, fixed or a limit; to remove the default tier, call unset_default_tier()",
             )
         self.follow_apps()
         with self._store("set the default tier for", "every client"):
             self.tier_store.set_default(tier)
+            self.limit_store.set_default(tier.limits)
         return tier
 
     def unset_default_tier(self) -> bool:
         self.follow_apps()
         with self._store("unset the default tier for", "every client"):
+            self.limit_store.set_default(NONE)
             return self.tier_store.unset_default()
 
     def default_tier(self) -> Tier | None:
         self.follow_apps()
         with self._store("read the default tier for", "every client"):
-            return self.tier_store.get_default()
+            tier = self.tier_store.get_default()
+            return None if tier is None else tier.with_limits(self.limit_store.get_default())
+
+    # -- the gate (workers) -----------------------------------------------------------
+
+    def admit_quietly(
+        self, client_id: str, task_id: str, limits: Limits, units: int, message: bytes
+    ) -> Verdict | None:
+        """A worker's gate: run a received document, or hold it; None when the store fails
+        (the document then runs: the gate never holds what it cannot store)."""
+        if not self._breaker.allow():
+            return None
+        return self._quietly(lambda: self.gate_store.admit(client_id, task_id, limits, units, message))
+
+    def release_quietly(
+        self, client_id: str, task_id: str, limits: Limits, borrow: int = 0
+    ) -> Verdict | None:
+        """The end of a gated document: its slot freed, held documents released (never raises)."""
+        if not self._breaker.allow():
+            return None
+        return self._quietly(lambda: self.gate_store.end(client_id, task_id, limits, borrow))
+
+    def forget_quietly(self, client_id: str, task_id: str) -> None:
+        self._quietly(lambda: self.gate_store.forget(client_id, task_id))
+
+    def index_quietly(self, client_id: str, verdict: Verdict) -> None:
+        self._quietly(lambda: self.gate_store.note_held(client_id, verdict))
+
+    def units_quietly(self, cost: object, client_id: str) -> int:
+        """A document's cost in units from its header's value (1 when none or bad, said once)."""
+        return self._units_or_one(cost, client_id)
+
+    def warn_once(self, key: str, message: str, *args: object) -> None:
+        if key in self._warned or len(self._warned) > 1000:
+            return
+        self._warned.add(key)
+        logger.error(message, *args)
 
     def _count(
         self, client: str, task_id: str | None, tiered: bool, units: int = ONE

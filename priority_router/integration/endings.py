@@ -39,6 +39,7 @@ from celery.signals import task_failure, task_postrun, task_received, task_revok
 
 from .. import headers as H
 from ..store.keys import normalize_client_id
+from .gate import end_gated
 
 if TYPE_CHECKING:
     from ..router import PriorityRouter
@@ -70,13 +71,15 @@ def unwatch_endings(app: Celery) -> None:
     _watched.pop(app, None)
 
 
-def end_document(router: PriorityRouter, fields: Any, task_id: object) -> bool:
-    """End one document given its request (attributes) or headers (a mapping); True when
-    this call ended it.  Never raises."""
-    inflight = router.inflight
-    if inflight is None or not isinstance(task_id, str) or not task_id:
+def end_document(router: PriorityRouter, fields: Any, task_id: object, app: Celery | None = None) -> bool:
+    """End one document given its request (attributes) or headers (a mapping): free its
+    slot if the gate admitted it (``gate.py``), and in ``mode="inflight"`` take it off its
+    client's list; True when this call ended it there.  Never raises."""
+    if not isinstance(task_id, str) or not task_id:
         return False
-    if not _field(fields, H.INFLIGHT):
+    if app is not None and _field(fields, H.GATED):
+        end_gated(app, router, _Fields(fields), task_id)
+    if router.inflight is None or not _field(fields, H.INFLIGHT):
         return False
     client = normalize_client_id(_field(fields, router.config.client_id_header))
     if client is None:
@@ -86,6 +89,25 @@ def end_document(router: PriorityRouter, fields: Any, task_id: object) -> bool:
 
 def _field(fields: Any, name: str) -> Any:
     return fields.get(name) if isinstance(fields, Mapping) else getattr(fields, name, None)
+
+
+class _Fields(Mapping[str, Any]):
+    """A request's fields read as a mapping, whether it is a request, a context or headers."""
+
+    def __init__(self, fields: Any) -> None:
+        self._fields = fields
+
+    def __getitem__(self, name: str) -> Any:
+        value = _field(self._fields, name)
+        if value is None:
+            raise KeyError(name)
+        return value
+
+    def __iter__(self) -> Any:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
 
 
 def _router(app: object) -> PriorityRouter | None:
@@ -105,22 +127,25 @@ def _on_postrun(
         return
     if state == S.REJECTED and isinstance(retval, Reject) and retval.requeue:
         return  # back in the queue: it ends when it runs again
-    router = _router(getattr(task, "app", None))
+    app = getattr(task, "app", None)
+    router = _router(app)
     if router is not None:
-        end_document(router, task.request, task_id)
+        end_document(router, task.request, task_id, app)
 
 
 def _on_revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
-    router = _router(getattr(sender, "app", None))
+    app = getattr(sender, "app", None)
+    router = _router(app)
     if router is not None and request is not None:
-        end_document(router, request, getattr(request, "id", None))
+        end_document(router, request, getattr(request, "id", None), app)
 
 
 def _on_failure(sender: Any = None, task_id: Any = None, exception: Any = None, **_: Any) -> None:
     # An ordinary failure is ended by task_postrun in the process that ran it.
     if not isinstance(exception, _LOST) or (isinstance(exception, Reject) and exception.requeue):
         return
-    router = _router(getattr(sender, "app", None))
+    app = getattr(sender, "app", None)
+    router = _router(app)
     if router is None:
         return
     request = getattr(sender, "request", None)
@@ -128,16 +153,17 @@ def _on_failure(sender: Any = None, task_id: Any = None, exception: Any = None, 
         received = _received.get(task_id) if isinstance(task_id, str) else None
         request = getattr(received, "request_dict", None)
     if request is not None:
-        end_document(router, request, task_id)
+        end_document(router, request, task_id, app)
 
 
 def _on_received(sender: Any = None, request: Any = None, **_: Any) -> None:
     headers = getattr(request, "request_dict", None)
-    if isinstance(headers, Mapping) and headers.get(H.INFLIGHT) and isinstance(request.id, str):
+    if isinstance(headers, Mapping) and isinstance(request.id, str):
         _received[request.id] = request
 
 
 def _on_unknown(sender: Any = None, id: Any = None, message: Any = None, **_: Any) -> None:
-    router = _router(getattr(sender, "app", None))
+    app = getattr(sender, "app", None)
+    router = _router(app)
     if router is not None and message is not None:
-        end_document(router, getattr(message, "headers", None) or {}, id)
+        end_document(router, getattr(message, "headers", None) or {}, id, app)

@@ -39,6 +39,7 @@ from .brokers import Transport, logical_from_wire, transport_of
 from .celery_settings import Change, apply_changes, describe, first_time, wanted_changes, warn_kept
 from .consumers import ConsumerWatch
 from .endings import unwatch_endings, watch_endings
+from .gate import GateThread, start_gate, unwatch_gate, watch_gate
 from .pools import WorkerPool, pool_of_options, pool_of_worker
 from .publish import PublishReceiver
 from .publisher_pause import PublishPause
@@ -70,6 +71,8 @@ class Installation:
     celery_settings: dict[str, Any] | None = None
     #: The worker's max_wait sweeper (Redis), once the worker is ready.
     sweeper: Sweeper | None = None
+    #: The gate's thread (leases, releases, borrowing), once the worker is ready.
+    gate: GateThread | None = None
     #: The pool of the worker this app runs in, once a worker starts (``pools.py``).
     pool: WorkerPool | None = None
     #: The values the router set in the app's configuration, by key: not the user's choice.
@@ -152,8 +155,11 @@ def uninstall(router: PriorityRouter, app: Celery) -> bool:
             installation.watch.stop()
         unwatch(app)
         unwatch_endings(app)
+        unwatch_gate(app)
         if installation.sweeper is not None:
             installation.sweeper.stop()
+        if installation.gate is not None:
+            installation.gate.stop()
         app.on_after_configure.disconnect(dispatch_uid=_UID)
         unwrap_sender(app)
         return True
@@ -210,8 +216,11 @@ def _settle(app: Celery, installation: Installation, publisher: bool = False) ->
         installation.celery_settings = settings
         if router.follow(settings):
             receiver.use(router.config)
-    if router.config.mode == "inflight":
-        watch_endings(app, router_of)  # the end of each counted document, on workers
+    if router.config.dry_run:
+        unwatch_gate(app)
+    else:
+        watch_gate(app, router)  # documents over their client's limits wait, on workers
+    watch_endings(app, router_of)  # the end of each counted or gated document, on workers
     typos = unknown_celery_settings(app.conf)
     if typos and first_time(warned, "typos"):
         logger.warning(
@@ -359,7 +368,12 @@ def _on_worker_ready(sender: Any = None, **_: Any) -> None:
     app, installation = found
     if installation.receiver.transport is not None:
         _say_started(app, installation, installation.receiver.transport)
-    if _dry_run(installation) or installation.sweeper is not None:
+    if _dry_run(installation):
+        return
+    if installation.gate is None:
+        pool = installation.pool
+        installation.gate = start_gate(app, installation.router, sender, pool.concurrency if pool else 1)
+    if installation.sweeper is not None:
         return
     max_wait = installation.router.config.max_wait
     if max_wait is not None and installation.receiver.transport is Transport.REDIS:

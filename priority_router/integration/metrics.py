@@ -70,6 +70,18 @@ class RouterMetrics:
             ["priority"],
             buckets=WAIT_BUCKETS,
         )
+        self.held = pc.Counter(
+            "priority_router_held",
+            "Documents the worker's gate held by their client's limits, by what held them (cap, rate).",
+            ["reason"],
+        )
+        self.released = pc.Counter(
+            "priority_router_released",
+            "Held documents the gate released and published again.",
+        )
+
+    def record_held(self, reason: str) -> None:
+        self.held.labels(reason if reason in ("cap", "rate") else "cap").inc()
 
     def record_decision(self, decision: Decision) -> None:
         self.assignments.labels(str(decision.priority), decision.reason.value).inc()

@@ -113,3 +113,35 @@ def default_tier_key(prefix: str) -> str:
 def tiers_in_use_key(prefix: str) -> str:
     """The Redis key whose presence says some tier has been stored under ``prefix``."""
     return f"{prefix}tiers-in-use"
+
+
+#: Ends the keys of one client's gate (``store/gate.py``): its running documents, its held
+#: documents in order, their messages, and its tokens and units.  They share the client's
+#: hash tag, so the gate's script runs on one Redis Cluster slot.
+GATE_SUFFIXES = (":run", ":held", ":msg", ":gate")
+
+
+def gate_keys(prefix: str, client_id: str) -> list[str]:
+    """The Redis keys of one client's gate, in the order ``gate.lua`` takes them."""
+    base = f"{prefix}{{{client_token(client_id)}}}"
+    return [base + suffix for suffix in GATE_SUFFIXES]
+
+
+def held_index_key(prefix: str) -> str:
+    """The sorted set of clients with held documents, by when a worker should look again."""
+    return f"{prefix}held-clients"
+
+
+def limits_key(prefix: str) -> str:
+    """The hash of every client's own limits (an empty value: a tier of its own without limits)."""
+    return f"{prefix}limits"
+
+
+def default_limits_key(prefix: str) -> str:
+    """The limits of every client without a tier of its own."""
+    return f"{prefix}limits-default"
+
+
+def limits_version_key(prefix: str) -> str:
+    """A number raised by every change of limits, so workers read them again only then."""
+    return f"{prefix}limits-version"

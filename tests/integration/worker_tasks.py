@@ -82,3 +82,36 @@ def count_run(self: Task, client_id: str | None = None) -> None:
         client.hincrby(os.environ["RUNS_KEY"], self.request.id, 1)
     finally:
         client.close()
+
+
+#: Raises the running count of a client and keeps its maximum, in one step.
+_ENTER = """
+local n = redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
+local m = tonumber(redis.call('HGET', KEYS[1], 'max:' .. ARGV[1]) or '0')
+if n > m then redis.call('HSET', KEYS[1], 'max:' .. ARGV[1], n) end
+return n
+"""
+
+
+@shared_task(bind=True, name="tests.track_running")
+def track_running(self: Task, seconds: float, client_id: str) -> dict[str, Any]:
+    """Runs ``seconds`` while counting how many documents of ``client_id`` run at once
+    (hash ``RUNS_KEY`` in ``RUNS_REDIS_URL``: ``<client>`` running now, ``max:<client>`` the
+    most seen), and each run of a document by id; returns when it started and ended."""
+    import os
+
+    import redis
+
+    client = redis.Redis.from_url(os.environ["RUNS_REDIS_URL"])
+    key = os.environ["RUNS_KEY"]
+    try:
+        started = time.time()
+        client.eval(_ENTER, 1, key, client_id)
+        client.hincrby(key, f"run:{self.request.id}", 1)
+        try:
+            time.sleep(seconds)
+        finally:
+            client.hincrby(key, client_id, -1)
+        return {"client_id": client_id, "started": started, "ended": time.time()}
+    finally:
+        client.close()

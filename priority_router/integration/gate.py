@@ -1,0 +1,325 @@
+"""The gate on the worker: a document over its client's limits is not started; it waits in
+the counter store, holding no worker slot and no prefetch slot, until the gate releases it
+(docs/caps.md has the design and why each step survives a kill).
+
+- **Admission**, in the worker's consumer, at the moment Celery would hand a received
+  document to the pool (after its ETA, if it has one): a client without limits passes
+  with nothing read; a limited client's document is admitted by ``store/gate.py``'s
+  script, or held there (its message stored, then acknowledged to the broker).
+- **Release**: the end of an admitted document (``endings.py``, wherever it ran) frees its
+  slot and releases the held documents its limits now allow; each worker's gate thread
+  also looks, every :data:`TICK` seconds, at clients whose rate has a token due, clients
+  held by a cap (every few seconds, so a changed or lifted limit takes effect), and, for
+  borrowing clients, at its own idle slots.  A released document is published again as
+  it came, keeps its place among the client's running documents until it arrives, and
+  runs on whichever worker takes it.
+- **Leases**: each worker renews the leases of the gated documents it holds every
+  lease/3 seconds; the slots of a worker that died come back when their leases run out.
+
+Where the store cannot answer, the gate lets documents run (it never holds a document
+it cannot store) and says so once per outage, through the router's breaker.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from celery import Celery, bootsteps
+from celery.signals import worker_shutdown
+from celery.worker import state as worker_state
+
+from .. import headers as H
+from ..limits import Limits
+from ..store.gate import Verdict
+from ..store.keys import normalize_client_id
+from .redeliver import Unstorable, pack, publish
+
+if TYPE_CHECKING:
+    from ..router import PriorityRouter
+
+logger = logging.getLogger("priority_router")
+
+#: Seconds between a worker's looks at due and idle work.
+TICK = 0.25
+
+_gated: weakref.WeakKeyDictionary[Celery, PriorityRouter] = weakref.WeakKeyDictionary()
+
+
+def watch_gate(app: Celery, router: PriorityRouter) -> None:
+    """Gate ``app``'s documents on its workers (idempotent)."""
+    if app not in _gated:
+        app.steps["consumer"].add(GateStep)
+    _gated[app] = router
+
+
+def unwatch_gate(app: Celery) -> None:
+    _gated.pop(app, None)
+
+
+def _router(app: object) -> PriorityRouter | None:
+    return _gated.get(app) if isinstance(app, Celery) else None
+
+
+class GateStep(bootsteps.Step):  # type: ignore[misc]  # Celery is untyped
+    """A consumer bootstep: every request goes through the gate on its way to the pool."""
+
+    name = "priority_router.gate"
+
+    def __init__(self, parent: Any, **kwargs: Any) -> None:
+        super().__init__(parent, **kwargs)
+        if _router(parent.app) is None:
+            return
+        handle = parent.on_task_request
+        app = parent.app
+
+        def on_task_request(request: Any) -> Any:
+            router = _router(app)
+            if router is None or not admit(app, router, request):
+                return None
+            return handle(request)
+
+        parent.on_task_request = on_task_request
+
+
+def client_of(router: PriorityRouter, fields: Any) -> str | None:
+    value = fields.get(router.config.client_id_header) if isinstance(fields, Mapping) else None
+    return normalize_client_id(value)
+
+
+def units_of(router: PriorityRouter, fields: Mapping[str, Any], client: str) -> int:
+    return router.units_quietly(fields.get(H.COST), client)
+
+
+def admit(app: Celery, router: PriorityRouter, request: Any) -> bool:
+    """Whether ``request`` may start now; a held one is stored and acknowledged here."""
+    headers = request.request_dict
+    client = client_of(router, headers)
+    if client is None:
+        return True
+    limits = router.limit_store.snapshot().of(client)
+    if not limits:
+        return True
+    try:
+        message = pack(request.message)
+    except Unstorable as exc:
+        router.warn_once(
+            f"unstorable:{request.name}",
+            "priority-router: a document of task %s cannot be held (%s), so its client's limits do not "
+            "apply to it. Fix: publish it with JSON-serializable headers",
+            request.name,
+            exc,
+        )
+        return True
+    verdict = router.admit_quietly(client, request.id, limits, units_of(router, headers, client), message)
+    if verdict is None:
+        return True  # the store is down: run it (the breaker has said so)
+    _republish(app, router, client, verdict.released)
+    if verdict.outcome == "run":
+        headers[H.GATED] = True
+        return True
+    router.index_quietly(client, verdict)
+    worker_state.task_ready(request)
+    request.acknowledge()
+    reason = held_reason(verdict, limits)
+    request.send_event("task-held", reason=reason, client_id=client)
+    if router.metrics is not None:
+        router.metrics.record_held(verdict.state)
+    logger.debug("priority-router: held %s of client %r: %s", request.id, client, reason)
+    return False
+
+
+def held_reason(verdict: Verdict, limits: Limits) -> str:
+    """Why a document waits, for Flower and logs."""
+    if verdict.outcome == "duplicate":
+        return "held already (delivered again)"
+    if verdict.state == "rate":
+        return f"held by its client's rate {limits.rate}"
+    if limits.max_in_flight is not None:
+        return f"held by its client's cap: max_in_flight={limits.max_in_flight} running"
+    return f"held by its client's cap: max_cost_in_flight={limits.max_cost_in_flight:g} running"
+
+
+def end_gated(app: Celery, router: PriorityRouter, fields: Any, task_id: str) -> None:
+    """The end of a document the gate admitted: free its slot, release what may start."""
+    if not isinstance(fields, Mapping) or not fields.get(H.GATED):
+        return
+    client = client_of(router, fields)
+    if client is None:
+        return
+    limits = router.limit_store.snapshot().of(client)
+    borrow = 0
+    if limits.borrow:
+        queue = (fields.get("delivery_info") or {}).get("routing_key")
+        borrow = 1 if isinstance(queue, str) and _probe(app).empty([queue]) else 0
+    verdict = router.release_quietly(client, task_id, limits, borrow)
+    if verdict is not None:
+        _republish(app, router, client, verdict.released)
+
+
+def _republish(app: Celery, router: PriorityRouter, client: str, released: list[tuple[str, bytes]]) -> None:
+    for task_id, message in released:
+        try:
+            publish(app, message)
+        except Exception as exc:
+            # Its slot stays reserved with the message kept: the lease gives it back.
+            logger.error(
+                "priority-router: could not publish released document %s of client %r again (%s: %s); "
+                "it is held until its lease runs out (%g s) and released again",
+                task_id,
+                client,
+                type(exc).__name__,
+                exc,
+                router.gate_store.lease_ms / 1000,
+            )
+            continue
+        router.forget_quietly(client, task_id)
+
+
+class QueueProbe:
+    """Whether queues are empty, on a broker connection of this process's own."""
+
+    def __init__(self, app: Celery) -> None:
+        self._app = app
+        self._connection: Any = None
+        self._channel: Any = None
+        self._lock = threading.Lock()
+
+    def empty(self, queues: Iterable[str]) -> bool:
+        """True when no message is ready in any of ``queues``; False when unknown."""
+        with self._lock:
+            try:
+                if self._channel is None:
+                    self._connection = self._app.connection_for_read()
+                    self._connection.ensure_connection(max_retries=1)
+                    self._channel = self._connection.channel()
+                for queue in queues:
+                    _, ready, _ = self._channel.queue_declare(queue=queue, passive=True)
+                    if ready:
+                        return False
+                return True
+            except Exception:
+                logger.debug("priority-router could not size the queues", exc_info=True)
+                self.close()
+                return False
+
+    def close(self) -> None:
+        connection, self._connection, self._channel = self._connection, None, None
+        if connection is not None:
+            try:
+                connection.close()
+            except Exception:
+                logger.debug("closing the gate's broker connection failed", exc_info=True)
+
+
+_probes: weakref.WeakKeyDictionary[Celery, QueueProbe] = weakref.WeakKeyDictionary()
+
+
+def _probe(app: Celery) -> QueueProbe:
+    probe = _probes.get(app)
+    if probe is None:
+        probe = _probes[app] = QueueProbe(app)
+    return probe
+
+
+class GateThread:
+    """A worker's daemon thread: renews its gated documents' leases, releases what is due,
+    and lends its idle slots to borrowing clients when nothing else waits."""
+
+    def __init__(self, app: Celery, router: PriorityRouter, consumer: Any, concurrency: int) -> None:
+        self.app = app
+        self.router = router
+        self._consumer = consumer
+        self._concurrency = concurrency
+        self._stopped = threading.Event()
+        self._renewed = 0.0
+        self._failing = False
+        self._thread = threading.Thread(target=self._run, name="priority-router-gate", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stopped.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while not self._stopped.wait(TICK):
+            try:
+                self.tick()
+            except Exception as exc:
+                if not self._failing:
+                    logger.warning(
+                        "priority-router: the gate's sweep failed (%s: %s); held documents wait for "
+                        "their clients' running ones to end until it works again",
+                        type(exc).__name__,
+                        exc,
+                    )
+                self._failing = True
+                continue
+            if self._failing:
+                logger.warning("priority-router: the gate's sweep works again")
+                self._failing = False
+
+    def tick(self) -> None:
+        store, limits = self.router.gate_store, self.router.limit_store.snapshot()
+        now = time.monotonic()
+        if now - self._renewed >= store.lease_ms / 3000:
+            self._renewed = now
+            running = gated_requests(self.router)
+            if running:
+                store.renew(running)
+        for client, seen in store.due():
+            verdict = store.end(client, "", limits.of(client))
+            _republish(self.app, self.router, client, verdict.released)
+            store.swept(client, seen, verdict)
+        idle = self._concurrency - len(worker_state.reserved_requests)
+        if idle <= 0:
+            return
+        borrowing = [c for c in store.holding() if limits.of(c).borrow]
+        if not borrowing or not _probe(self.app).empty(self._queues()):
+            return
+        for client in borrowing:
+            verdict = store.end(client, "", limits.of(client), borrow=idle)
+            _republish(self.app, self.router, client, verdict.released)
+            idle -= len(verdict.released)
+            if idle <= 0:
+                return
+
+    def _queues(self) -> list[str]:
+        task_consumer = getattr(self._consumer, "task_consumer", None)
+        if task_consumer is not None:
+            return [q.name for q in task_consumer.queues]
+        return list(self.app.amqp.queues.consume_from)
+
+
+def gated_requests(router: PriorityRouter) -> dict[str, list[str]]:
+    """The gated documents this worker holds, by client (for their leases)."""
+    running: dict[str, list[str]] = defaultdict(list)
+    for request in list(worker_state.reserved_requests):
+        headers = getattr(request, "request_dict", None) or {}
+        if headers.get(H.GATED):
+            client = client_of(router, headers)
+            if client is not None:
+                running[client].append(request.id)
+    return running
+
+
+def start_gate(app: Celery, router: PriorityRouter, consumer: Any, concurrency: int) -> GateThread:
+    """Start the gate's thread for the worker whose consumer is ``consumer``."""
+    thread = GateThread(app, router, consumer, concurrency)
+    uid = f"priority_router:gate:{id(thread)}"
+
+    def on_shutdown(sender: Any = None, **_: Any) -> None:
+        worker_shutdown.disconnect(dispatch_uid=uid)
+        thread.stop()
+
+    worker_shutdown.connect(on_shutdown, weak=False, dispatch_uid=uid)
+    thread.start()
+    return thread
