@@ -19,9 +19,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..errors import ConfigurationError, CounterUnavailable
+from ..limits import Limits
 from ..redact import redact_url
 from ..router import PriorityRouter
 from ..store.keys import normalize_client_id
+from ..store.limit_store import LIMITS_REFRESH
 from ..store.tier_store import DEFAULT_TIER_REFRESH
 from ..tiers import Tier
 from .cli import (
@@ -48,6 +50,8 @@ def tier() -> None:
     --weight W  each document counts 1/W (2: the client drops a level half as fast)
     --shift S   the table's priority moved by S levels, kept within 1..9 (-1: more urgent)
     --fixed P   priority P for every document, whatever the count
+    --max-in-flight N   at most N documents running at once (docs/caps.md)
+    --rate R/s|R/m|R/h  at most R documents starting per second, minute or hour
 
     The default tier applies to every client without a tier of its own.
     """
@@ -70,6 +74,17 @@ def _target(client: str | None, default: bool) -> None:
 )
 @click.option("--fixed", type=int, help="One priority, 1..9, for every document whatever the count.")
 @click.option(
+    "--max-in-flight", type=int, help="At most N of the client's documents run at once, on all workers."
+)
+@click.option(
+    "--max-cost-in-flight", type=float, help="At most C units of cost (priority_router_cost) run at once."
+)
+@click.option(
+    "--borrow", is_flag=True, help="A capped client may run beyond its cap while nobody else waits."
+)
+@click.option("--rate", help="At most R documents start per unit: 5/s, 100/m, 1000/h (a token bucket).")
+@click.option("--burst", type=int, help="The rate's bucket: up to B documents start at once (R by default).")
+@click.option(
     "--neutral", is_flag=True, help="A tier that changes nothing: exempts CLIENT from the default tier."
 )
 @router_app_option
@@ -81,20 +96,35 @@ def set_tier(
     weight: float | None,
     shift: int | None,
     fixed: int | None,
+    max_in_flight: int | None,
+    max_cost_in_flight: float | None,
+    borrow: bool,
+    rate: str | None,
+    burst: int | None,
     neutral: bool,
     app_name: str | None,
 ) -> None:
     """Give CLIENT a tier of its own (or set the default tier with --default).
 
-    A new tier replaces the client's whole tier: options not given are back to neutral.
+    A new tier replaces the client's whole tier: options not given are back to neutral
+    (a cap not given again is lifted).
     """
     _target(client, default)
-    given = weight is not None or shift is not None or fixed is not None
+    limited = (
+        max_in_flight is not None
+        or max_cost_in_flight is not None
+        or borrow
+        or rate is not None
+        or burst is not None
+    )
+    given = weight is not None or shift is not None or fixed is not None or limited
     if neutral and given:
         _fail("--neutral stores a tier that changes nothing; give it alone, or drop it", 2)
     if not neutral and not given:
         _fail(
-            "give --weight, --shift and/or --fixed (or --neutral to exempt CLIENT from the default tier)", 2
+            "give --weight, --shift, --fixed and/or a limit (--max-in-flight, --rate; or --neutral to "
+            "exempt CLIENT from the default tier)",
+            2,
         )
     if neutral and default:
         _fail(
@@ -103,17 +133,24 @@ def set_tier(
             2,
         )
     try:
-        chosen = Tier(1.0 if weight is None else weight, 0 if shift is None else shift, fixed)
+        limits = Limits(max_in_flight, borrow, rate, burst, max_cost_in_flight)
+        chosen = Tier(1.0 if weight is None else weight, 0 if shift is None else shift, fixed, limits)
     except ConfigurationError as exc:
         _fail(str(exc), 2)
     router = _router(ctx, app_name)
+    settings = {
+        "weight": chosen.weight,
+        "shift": chosen.shift,
+        "fixed": chosen.fixed,
+        **limits_settings(limits),
+    }
     try:
         if client is None:
             before = _default_text(router)
-            router.set_default_tier(weight=chosen.weight, shift=chosen.shift, fixed=chosen.fixed)
+            router.set_default_tier(**settings)
         else:
             before = _own_text(router, client)
-            router.set_tier(client, weight=chosen.weight, shift=chosen.shift, fixed=chosen.fixed)
+            router.set_tier(client, **settings)
     except CounterUnavailable as exc:
         _fail(str(exc))
     except ValueError as exc:  # not a client id
@@ -129,8 +166,23 @@ def set_tier(
             "In effect from the client's next publish (a deployment's first tier: within "
             f"{DEFAULT_TIER_REFRESH:g} s). {IGNORED_NOTE}"
         )
+    if limited:
+        click.echo(
+            f"Workers apply the limits within {LIMITS_REFRESH:g} s; documents they hold start as the "
+            "client's running ones end (docs/caps.md)."
+        )
     if not router.config.tiers:
         click.echo(TIERS_OFF_NOTE)
+
+
+def limits_settings(limits: Limits) -> dict[str, Any]:
+    return {
+        "max_in_flight": limits.max_in_flight,
+        "borrow": limits.borrow,
+        "rate": limits.rate,
+        "burst": limits.burst,
+        "max_cost_in_flight": limits.max_cost_in_flight,
+    }
 
 
 @tier.command()
@@ -174,12 +226,16 @@ def list_tiers(ctx: click.Context, as_json: bool, app_name: str | None) -> None:
     """Every client with a tier of its own, sorted, and the default tier."""
     router = _router(ctx, app_name)
     try:
+        limits = router.limit_store.all()
         rows = sorted(
-            ({"client_id": client, **_tier_row(found)} for client, found in router.tier_store.scan()),
+            (
+                {"client_id": client, **_tier_row(_with_limits(found, limits.get(client)))}
+                for client, found in router.tier_store.scan()
+            ),
             key=lambda r: str(r["client_id"]),
         )
         try:
-            stored_default: Tier | ConfigurationError | None = router.tier_store.get_default()
+            stored_default: Tier | ConfigurationError | None = router.default_tier()
         except ConfigurationError as exc:
             stored_default = exc
     except Exception as exc:
@@ -208,10 +264,18 @@ def list_tiers(ctx: click.Context, as_json: bool, app_name: str | None) -> None:
         console.print(TIERS_OFF_NOTE)
 
 
+def _with_limits(
+    found: Tier | ConfigurationError, limits: Limits | ConfigurationError | None
+) -> Tier | ConfigurationError:
+    if isinstance(found, ConfigurationError) or limits is None:
+        return found
+    return limits if isinstance(limits, ConfigurationError) else found.with_limits(limits)
+
+
 def _tier_row(found: Tier | ConfigurationError) -> dict[str, Any]:
     """A tier as ``list --json`` shows it; an unreadable one with its problem and fix."""
     if isinstance(found, ConfigurationError):
-        return {"tier": None, "weight": None, "shift": None, "fixed": None, "error": str(found)}
+        return {"tier": None, **dict.fromkeys(Tier().as_dict()), "error": str(found)}
     return {"tier": found.describe(), **found.as_dict(), "error": None}
 
 

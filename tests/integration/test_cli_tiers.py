@@ -15,12 +15,19 @@ import redis
 from click.testing import CliRunner, Result
 
 from priority_router import PriorityRouter
+from priority_router.limits import Limits
 from priority_router.ops.cli import main
 from priority_router.store.keys import client_token, tier_key
 from priority_router.tiers import Tier
 
 #: The columns of one ``tier list --json`` row.
-ROW_KEYS = {"client_id", "tier", "weight", "shift", "fixed", "error"}
+ROW_KEYS = {"client_id", "tier", "weight", "shift", "fixed", "error"} | {
+    "max_in_flight",
+    "max_cost_in_flight",
+    "borrow",
+    "rate",
+    "burst",
+}
 
 
 @pytest.fixture
@@ -30,6 +37,8 @@ def router(counter_url: str, key_prefix: str) -> PriorityRouter:
     publisher = PriorityRouter(redis_url=counter_url, key_prefix=key_prefix)
     publisher.tier_store.refresh = 0.0
     return publisher
+
+NO_LIMITS = {"max_in_flight": None, "max_cost_in_flight": None, "borrow": False, "rate": None, "burst": None}
 
 
 def listed(cli: Callable[..., Result]) -> dict[str, Any]:
@@ -78,9 +87,17 @@ def test_list_sorts_every_client_and_shows_the_default(
         "weight": 0.5,
         "shift": 0,
         "fixed": None,
+        **NO_LIMITS,
         "error": None,
     }
-    assert data["default"] == {"tier": "fixed=9", "weight": 1.0, "shift": 0, "fixed": 9, "error": None}
+    assert data["default"] == {
+        "tier": "fixed=9",
+        "weight": 1.0,
+        "shift": 0,
+        "fixed": 9,
+        **NO_LIMITS,
+        "error": None,
+    }
 
     table = cli("tier", "list")
     assert table.exit_code == 0, table.output
@@ -225,7 +242,7 @@ def test_long_ids_are_listed_as_the_hash_the_other_commands_show(
         (("--default", "--fixed", "12"), "tier fixed"),
         (("acme", "--weight", "heavy"), "'heavy' is not a valid float"),
         (("acme", "--shift", "1.5"), "'1.5' is not a valid integer"),
-        (("acme",), "give --weight, --shift and/or --fixed"),
+        (("acme",), "give --weight, --shift, --fixed and/or a limit"),
         (("acme", "--neutral", "--fixed", "2"), "--neutral stores a tier that changes nothing"),
         (("--default", "--neutral"), "a neutral default tier changes nothing"),
         (("acme", "--default", "--fixed", "2"), "name one CLIENT, or pass --default"),
@@ -329,3 +346,46 @@ def test_the_installed_program_sets_and_lists(
     assert json.loads(listing.stdout)["clients"][0]["tier"] == "shift=-1"
     refused = run("tier", "set", "paid", "--weight", "0")
     assert refused.returncode == 2 and "tier weight" in refused.stderr
+
+
+def test_set_gives_a_client_limits_with_its_tier_and_list_shows_them(
+    cli: Callable[..., Result], counter_url: str, key_prefix: str
+) -> None:
+    result = cli(
+        "tier", "set", "bulk", "--weight", "2", "--max-in-flight", "3", "--borrow", "--rate", "100/m"
+    )
+    assert result.exit_code == 0, result.output
+    assert "bulk: weight=2 max_in_flight=3 borrow rate=100/m" in result.output
+    assert "Workers apply the limits within 1 s" in result.output
+    router = PriorityRouter(counter_url, key_prefix=key_prefix)
+    assert router.limits("bulk") == Limits(max_in_flight=3, borrow=True, rate="100/m")
+    (row,) = listed(cli)["clients"]
+    assert (row["max_in_flight"], row["borrow"], row["rate"], row["weight"]) == (3, True, "100/m", 2.0)
+
+    assert cli("tier", "set", "--default", "--max-in-flight", "10").exit_code == 0
+    assert router.limits("someone-else") == Limits(max_in_flight=10)
+    assert router.limits("bulk").max_in_flight == 3  # its own tier replaces the default
+    # Setting a tier again without the cap lifts it.
+    assert cli("tier", "set", "bulk", "--weight", "2").exit_code == 0
+    assert router.limits("bulk") == Limits()
+    assert cli("tier", "unset", "bulk").exit_code == 0
+    assert router.limits("bulk") == Limits(max_in_flight=10)
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--max-in-flight", "0"], "max_in_flight: 0 is not a whole number of documents from 1"),
+        (["--borrow"], "borrow=True lets a capped client run beyond its cap"),
+        (["--rate", "5 per second"], "is not R/s, R/m or R/h"),
+        (["--burst", "4"], "no rate is given"),
+        (["--max-cost-in-flight", "-1"], "is not above 0"),
+    ],
+)
+def test_bad_limits_are_refused_before_anything_is_stored(
+    cli: Callable[..., Result], counter_url: str, key_prefix: str, args: list[str], says: str
+) -> None:
+    result = cli("tier", "set", "bulk", *args)
+    assert result.exit_code == 2
+    assert says in result.output
+    assert PriorityRouter(counter_url, key_prefix=key_prefix).tier("bulk") is None
