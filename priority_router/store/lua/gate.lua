@@ -37,6 +37,7 @@ local cap, max_units = tonumber(ARGV[5]), tonumber(ARGV[6])
 local rate, bucket = tonumber(ARGV[7]), tonumber(ARGV[8])
 local borrow, most = tonumber(ARGV[9]), tonumber(ARGV[10])
 local ONE = 1000
+local EPSILON = 1e-6
 
 local function units_running()
   return tonumber(redis.call('HGET', gate, 'sum') or '0')
@@ -96,8 +97,9 @@ local function blocker(units, borrowed)
   end
   if rate > 0 then
     local tk = tokens()
-    if tk < 1 then
-      return 'rate', now + math.ceil((1 - tk) / rate)
+    -- EPSILON: the sums of a rate's float steps land a hair under a whole token.
+    if tk < 1 - EPSILON then
+      return 'rate', now + math.ceil((1 - tk) / rate - EPSILON)
     end
   end
   return nil, 0
