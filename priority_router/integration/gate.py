@@ -194,19 +194,34 @@ class QueueProbe:
         """True when no message is ready in any of ``queues``; False when unknown."""
         with self._lock:
             try:
-                if self._channel is None:
-                    self._connection = self._app.connection_for_read()
-                    self._connection.ensure_connection(max_retries=1)
-                    self._channel = self._connection.channel()
                 for queue in queues:
-                    _, ready, _ = self._channel.queue_declare(queue=queue, passive=True)
-                    if ready:
+                    if self._channel is None:
+                        self._connect()
+                    if self._ready(queue):
                         return False
                 return True
             except Exception:
                 logger.debug("priority-router could not size the queues", exc_info=True)
                 self.close()
                 return False
+
+    def _connect(self) -> None:
+        self._connection = self._app.connection_for_read()
+        self._connection.ensure_connection(max_retries=1)
+        self._channel = self._connection.channel()
+
+    def _ready(self, queue: str) -> int:
+        try:
+            _, ready, _ = self._channel.queue_declare(queue=queue, passive=True)
+        except Exception as exc:
+            # No such queue: nothing waits in it.  kombu's Redis transport says so of an
+            # empty queue too (it has no key); RabbitMQ closes the channel.
+            if str(getattr(exc, "reply_code", None)) != "404":
+                raise
+            if not getattr(self._channel, "is_open", True):
+                self._channel = self._connection.channel()
+            return 0
+        return int(ready)
 
     def close(self) -> None:
         connection, self._connection, self._channel = self._connection, None, None

@@ -34,6 +34,7 @@ from ..errors import ConfigurationError, CounterUnavailable, PriorityRouterError
 from ..redact import redact_url
 from ..router import PriorityRouter, installed_router
 from ..store.counter import CounterState
+from ..store.gate import held_by
 from ..tiers import Tier
 from .migration import Target
 
@@ -226,6 +227,10 @@ def status(ctx: click.Context, as_json: bool, app_name: str | None, limit: int |
     router = _router(ctx, app_name)
     try:
         rows = [_row(router, s) for s in router.store.scan()]
+        limited = bool(router.limit_store.snapshot())
+        if limited:
+            for r in rows:
+                r["gate"] = _gate_row(router, r["client_id"])
     except Exception as exc:
         _fail(f"cannot read {redact_url(router.config.redis_url)}: {exc}")
     rows.sort(key=lambda r: (r["priority"], -r["pending"], r["client_id"]))
@@ -237,9 +242,11 @@ def status(ctx: click.Context, as_json: bool, app_name: str | None, limit: int |
         return
     table = Table(title=f"priority-router clients at {redact_url(router.config.redis_url)}")
     inflight = router.inflight is not None
-    columns = ("client", "pending", "priority", "since update", "until reset")
-    for column in columns + (("in flight",) if inflight else ()):
-        table.add_column(column, justify="left" if column == "client" else "right")
+    columns: tuple[str, ...] = ("client", "pending", "priority", "since update", "until reset")
+    columns += ("in flight",) if inflight else ()
+    columns += ("running", "held", "limits") if limited else ()
+    for column in columns:
+        table.add_column(column, justify="left" if column in ("client", "limits") else "right")
     for r in rows:
         table.add_row(
             r["client_id"],
@@ -248,6 +255,7 @@ def status(ctx: click.Context, as_json: bool, app_name: str | None, limit: int |
             _seconds(r["seconds_since_update"]),
             _seconds(r["seconds_until_reset"]),
             *((str(r["in_flight"]),) if inflight else ()),
+            *(_gate_cells(r["gate"]) if limited else ()),
         )
     console.print(table)
     shown = f", {len(rows)} shown" if len(rows) < tracked else ""
@@ -255,6 +263,13 @@ def status(ctx: click.Context, as_json: bool, app_name: str | None, limit: int |
     if not tracked and _app_name(ctx, app_name) is None:
         other = "seed" if inflight else "inflight"
         console.print(f"(a router in the {other} mode keeps other keys: add --mode {other}, or -A your app)")
+
+
+def _gate_cells(gate: dict[str, Any] | None) -> tuple[str, str, str]:
+    if gate is None:
+        return "-", "-", "-"
+    held = f"{gate['held']} ({gate['held_by']})" if gate["held"] else "0"
+    return str(gate["running"]), held, gate["limits"] or "-"
 
 
 def _seconds(value: float | None) -> str:
@@ -289,15 +304,38 @@ def inspect(ctx: click.Context, client: str, as_json: bool, app_name: str | None
         row["priority"] = applied.priority(state.pending, router.policy)
     # The costs counted: in the spell (seed), of the documents in flight (inflight).
     row["counted"] = state.counted
+    try:
+        gate = _gate_row(router, state.client_id)
+    except CounterUnavailable as exc:
+        _fail(str(exc))
+    if gate is not None:
+        row["gate"] = gate
     if as_json:
         _emit_json(row)
         return
     table = Table(show_header=False)
     for key, value in row.items():
+        if isinstance(value, dict):
+            value = ", ".join(f"{k} {'-' if v is None else v}" for k, v in value.items())
         table.add_row(escape(key), "-" if value is None else escape(str(value)))
     console.print(table)
     if row["tier"] is not None and not router.config.tiers:
         console.print(TIERS_OFF_NOTE)
+
+
+def _gate_row(router: PriorityRouter, client_id: str) -> dict[str, Any] | None:
+    """The client's running and held documents under its limits; None when it has no limits
+    and nothing of it is held.  Raises CounterUnavailable."""
+    limits = router.limits(client_id)
+    state = router.gate_state(client_id)
+    if not limits and not state.running and not state.held:
+        return None
+    return {
+        "running": state.running,
+        "held": state.held,
+        "held_by": held_by(state, limits),
+        "limits": limits.describe() or None,
+    }
 
 
 #: Said wherever a tier is shown for a router configured without tiers.

@@ -43,9 +43,10 @@ class Verdict:
 
     #: "run", "held", "duplicate" (a held document delivered again) or "ended".
     outcome: str
-    #: What holds the client's oldest held document now: "none", "cap" or "rate".
+    #: What holds the client's oldest held document now: "cap" or "rate"; with nothing
+    #: held, "lease" while documents run, else "none".
     state: str
-    #: When the rate's next token is due (Unix ms), for state "rate"; else 0.
+    #: When the rate's next token is due, or the first lease runs out (Unix ms); else 0.
     due_ms: int
     #: Documents released: (task id, stored message), to publish again and then forget.
     released: list[tuple[str, bytes]] = field(default_factory=list)
@@ -62,6 +63,16 @@ class GateState:
     running: int
     held: int
     running_units: int
+
+
+def held_by(state: GateState, limits: Limits) -> str | None:
+    """What holds a client's held documents now: "cap", "rate", or None when none is held."""
+    if not state.held:
+        return None
+    cap, cost = limits.max_in_flight, limits.max_cost_in_flight
+    if (cap is not None and state.running >= cap) or (cost is not None and state.running_units >= cost * ONE):
+        return "cap"
+    return "rate" if limits.rate is not None else "cap"
 
 
 class GateStore:
@@ -150,7 +161,7 @@ class GateStore:
         return GateState(int(running), int(held_count), int(units or 0))
 
     def _next_look(self, verdict: Verdict, now_ms: int | None) -> int:
-        if verdict.state == "rate" and verdict.due_ms:
+        if verdict.state in ("rate", "lease") and verdict.due_ms:
             return verdict.due_ms
         return _now_ms(now_ms) + round(RECHECK * 1000)
 

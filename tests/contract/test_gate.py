@@ -138,3 +138,12 @@ def test_nothing_lingers_once_a_client_has_nothing_running_or_held(
     run, held, msg, state = gate_keys(key_prefix, "acme")
     assert client.exists(run, held, msg) == 0
     assert 0 < client.pttl(state) <= 2 * gate.lease_ms
+
+
+def test_with_nothing_held_a_sweep_looks_again_when_the_first_lease_runs_out(gate: GateStore) -> None:
+    cap = Limits(max_in_flight=1)
+    admit(gate, "a", cap)
+    admit(gate, "b", cap)
+    released = gate.end("acme", "a", cap, now_ms=NOW + 10)  # b is released; say its releaser dies
+    assert (released.state, released.due_ms) == ("lease", NOW + 10 + gate.lease_ms + 1)
+    assert gate.end("acme", "b", cap, now_ms=NOW + 20).state == "none"

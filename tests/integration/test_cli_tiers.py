@@ -38,6 +38,7 @@ def router(counter_url: str, key_prefix: str) -> PriorityRouter:
     publisher.tier_store.refresh = 0.0
     return publisher
 
+
 NO_LIMITS = {"max_in_flight": None, "max_cost_in_flight": None, "borrow": False, "rate": None, "burst": None}
 
 

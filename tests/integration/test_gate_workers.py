@@ -1,24 +1,39 @@
-"""Per-client caps and rates with real publishes and real workers, on both brokers."""
+"""Per-client caps and rates with real publishes and real workers, on both brokers
+(integration/gate.py, store/gate.py; docs/caps.md)."""
 
 from __future__ import annotations
 
+import json
+import signal
+import time
 import uuid
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import redis
 from celery import Celery
-from support.services import running_worker
+from support.services import FAST_REDELIVERY, Worker, running_worker
 
 from priority_router import PriorityRouter
+from priority_router.integration.redeliver import pack, publish
 
 TRACK = "tests.track_running"
 
 
 @pytest.fixture
-def runs(worker_env: dict[str, str], redis_server_url: str) -> Iterator[tuple[dict[str, str], redis.Redis]]:
+def runs(worker_env: dict[str, str]) -> Iterator[tuple[dict[str, str], redis.Redis]]:
+    """The worker environment with a short lease, fast redelivery on Redis, and a hash
+    where ``tests.track_running`` counts runs and the most running at once."""
     key = f"runs-{uuid.uuid4().hex[:8]}"
-    env = {**worker_env, "RUNS_REDIS_URL": worker_env["PRIORITY_ROUTER_REDIS_URL"], "RUNS_KEY": key}
+    env = {
+        **worker_env,
+        "RUNS_REDIS_URL": worker_env["PRIORITY_ROUTER_REDIS_URL"],
+        "RUNS_KEY": key,
+        "PRIORITY_ROUTER_LEASE": "3",
+    }
+    if env["BROKER_URL"].startswith("redis"):
+        env["BROKER_TRANSPORT_OPTIONS"] = FAST_REDELIVERY
     client = redis.Redis.from_url(env["RUNS_REDIS_URL"])
     yield env, client
     client.delete(key)
@@ -29,20 +44,258 @@ def _router(env: dict[str, str]) -> PriorityRouter:
     return PriorityRouter.from_env(env, socket_timeout=5, connect_timeout=5)
 
 
-def test_a_capped_client_never_runs_more_than_its_cap_and_every_document_runs_once(
+def _send(app: Celery, client: str, seconds: float, n: int) -> list[Any]:
+    return [app.send_task(TRACK, kwargs={"seconds": seconds, "client_id": client}) for _ in range(n)]
+
+
+def _most_at_once(results: list[dict[str, Any]]) -> int:
+    """The most documents whose runs overlapped, from the runs that finished."""
+    events = sorted([(r["started"], 1) for r in results] + [(r["ended"], -1) for r in results])
+    running = most = 0
+    for _, step in events:
+        running += step
+        most = max(most, running)
+    return most
+
+
+def _runs_of(seen: redis.Redis, env: dict[str, str], results: list[Any]) -> list[int]:
+    return [int(seen.hget(env["RUNS_KEY"], f"run:{r.id}") or 0) for r in results]
+
+
+def _settled(router: PriorityRouter, client: str, timeout: float = 15) -> tuple[int, int]:
+    """The client's running and held counts once nothing of it runs or waits (or the timeout)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        state = router.gate_state(client)
+        if (state.running, state.held) == (0, 0) or time.monotonic() > deadline:
+            return state.running, state.held
+        time.sleep(0.1)
+
+
+def test_a_capped_client_never_runs_more_than_its_cap_and_others_are_not_held(
     producer: Callable[[], Celery], runs: tuple[dict[str, str], redis.Redis]
 ) -> None:
     env, seen = runs
     router = _router(env)
     router.set_tier("bulk", max_in_flight=2)
     app = producer()
-    results = [app.send_task(TRACK, kwargs={"seconds": 0.3, "client_id": "bulk"}) for _ in range(10)]
-    light = [app.send_task(TRACK, kwargs={"seconds": 0.05, "client_id": "light"}) for _ in range(3)]
+    bulk = _send(app, "bulk", 0.3, 10)
+    light = _send(app, "light", 0.05, 3)
     with running_worker(env, "--pool", "threads", "--concurrency", "4"):
-        done = [r.get(timeout=60) for r in results + light]
-    key = env["RUNS_KEY"]
-    assert int(seen.hget(key, "max:bulk") or 0) == 2
-    assert all(int(seen.hget(key, f"run:{r.id}") or 0) == 1 for r in results + light)
-    assert len(done) == 13
+        done = [r.get(timeout=60) for r in bulk + light]
+    assert int(seen.hget(env["RUNS_KEY"], "max:bulk") or 0) == 2
+    assert int(seen.hget(env["RUNS_KEY"], "max:light") or 0) >= 2  # uncapped: in parallel
+    assert _runs_of(seen, env, bulk + light) == [1] * 13
+    # Light documents did not wait for bulk's backlog: they ended before bulk's last started.
+    assert max(r["ended"] for r in done[10:]) < max(r["started"] for r in done[:10])
+    assert _settled(router, "bulk") == (0, 0)
+
+
+def test_a_cap_holds_across_worker_processes_and_hosts(
+    producer: Callable[[], Celery], runs: tuple[dict[str, str], redis.Redis]
+) -> None:
+    env, seen = runs
+    _router(env).set_tier("bulk", max_in_flight=3)
+    app = producer()
+    bulk = _send(app, "bulk", 0.4, 12)
+    with (
+        running_worker(env, "--pool", "prefork", "--concurrency", "2"),
+        running_worker(env, "--pool", "threads", "--concurrency", "3"),
+    ):
+        for r in bulk:
+            r.get(timeout=90)
+    assert int(seen.hget(env["RUNS_KEY"], "max:bulk") or 0) == 3
+    assert _runs_of(seen, env, bulk) == [1] * 12
+
+
+def test_lifting_a_cap_starts_the_held_documents_within_seconds(
+    producer: Callable[[], Celery], runs: tuple[dict[str, str], redis.Redis]
+) -> None:
+    env, seen = runs
+    router = _router(env)
+    router.set_tier("bulk", max_in_flight=1)
+    app = producer()
+    bulk = _send(app, "bulk", 20, 1) + _send(app, "bulk", 0.1, 4)
+    with running_worker(env, "--pool", "threads", "--concurrency", "4"):
+        deadline = time.monotonic() + 30
+        while router.gate_state("bulk").held < 4:
+            assert time.monotonic() < deadline, "the documents over the cap were not held"
+            time.sleep(0.1)
+        lifted = time.monotonic()
+        router.unset_tier("bulk")
+        for r in bulk[1:]:
+            r.get(timeout=30)
+        assert time.monotonic() - lifted < 5
+        router.set_tier("bulk", max_in_flight=1)  # the long one is still running
+        bulk[0].revoke(terminate=False)
+    assert _runs_of(seen, env, bulk[1:]) == [1] * 4
+
+
+def test_a_rate_starts_its_burst_then_r_per_second(
+    producer: Callable[[], Celery], runs: tuple[dict[str, str], redis.Redis]
+) -> None:
+    env, _ = runs
+    router = _router(env)
+    router.set_tier("api", rate="5/s")
+    app = producer()
+    docs = _send(app, "api", 0, 25)
+    with running_worker(env, "--pool", "threads", "--concurrency", "4"):
+        done = [r.get(timeout=60) for r in docs]
+    starts = sorted(r["started"] for r in done)
+    first = starts[0]
+    # 5 at once (the burst), then 5 a second: the 25th near 4 s after the first.
+    assert sum(1 for s in starts if s - first < 0.5) <= 6
+    assert 3.3 < starts[-1] - first < 5.5
+    for i, s in enumerate(starts[5:], start=5):
+        assert s - first >= (i - 5) / 5 - 0.05, f"document {i} started early: {s - first:.2f} s"
+
+
+def test_a_borrowing_client_alone_uses_the_whole_pool_and_stops_when_another_waits(
+    producer: Callable[[], Celery], runs: tuple[dict[str, str], redis.Redis]
+) -> None:
+    env, seen = runs
+    router = _router(env)
+    router.set_tier("bulk", max_in_flight=1, borrow=True)
+    app = producer()
+    bulk = _send(app, "bulk", 0.5, 16)
+    with running_worker(env, "--pool", "threads", "--concurrency", "4"):
+        done = [r.get(timeout=60) for r in bulk]
+        assert int(seen.hget(env["RUNS_KEY"], "max:bulk") or 0) >= 3  # it borrowed idle slots
+        # Now another client's backlog waits in the queue (at priority 9, behind bulk's):
+        # bulk starts nothing beyond its cap while it does.
+        router.set_tier("light", fixed=9)
+        light = _send(app, "light", 0.3, 30)
+        bulk2 = _send(app, "bulk", 0.5, 6)
+        later = [r.get(timeout=60) for r in light + bulk2]
+    last_light_start = max(r["started"] for r in later[:30])
+    while_others_waited = [r for r in later[30:] if r["started"] < last_light_start - 0.3]
+    assert while_others_waited, "bulk ran only after the light backlog: the test shows nothing"
+    assert _most_at_once(while_others_waited) == 1
+    assert _runs_of(seen, env, bulk + light + bulk2) == [1] * 52
+    assert len(done) == 16
+
+
+def test_a_killed_worker_leaves_every_held_and_running_document_run_and_its_slots_come_back(
+    producer: Callable[[], Celery], runs: tuple[dict[str, str], redis.Redis]
+) -> None:
+    env, seen = runs
+    router = _router(env)
+    router.set_tier("bulk", max_in_flight=2)
+    app = producer()
+    bulk = _send(app, "bulk", 1.0, 8)
+    worker = Worker(env, "--pool", "threads", "--concurrency", "4")
+    try:
+        worker.wait_ready()
+        deadline = time.monotonic() + 30
+        while router.gate_state("bulk").held < 6:  # 2 running, 6 held
+            assert time.monotonic() < deadline, worker.output()
+            time.sleep(0.05)
+        worker.process.send_signal(signal.SIGKILL)
+        worker.process.wait()
+    finally:
+        worker.stop()
     state = router.gate_state("bulk")
-    assert (state.running, state.held) == (0, 0)
+    assert (state.running, state.held) == (2, 6)  # the dead worker's slots are still leased
+    with running_worker(env, "--pool", "threads", "--concurrency", "4"):
+        done = [r.get(timeout=90) for r in bulk]
+    runs_ = _runs_of(seen, env, bulk)
+    assert all(n >= 1 for n in runs_)
+    assert sum(runs_) <= 8 + 2  # only the two that were running may run twice
+    assert _most_at_once(done) <= 2
+    assert _settled(router, "bulk") == (0, 0)
+
+
+def test_a_release_killed_before_it_published_runs_after_the_lease(
+    producer: Callable[[], Celery], runs: tuple[dict[str, str], redis.Redis]
+) -> None:
+    """The state a worker killed between a release and its publish leaves: a reservation
+    and the stored message, nothing in the broker."""
+    env, seen = runs
+    router = _router(env)
+    router.set_tier("bulk", max_in_flight=1)
+    limits = router.limits("bulk")
+    store = router.gate_store
+    orphan = f"orphan-{uuid.uuid4().hex}"
+    message = _held_message(producer, env, orphan)
+    assert store.admit("bulk", "blocker", limits, 1000, b"{}").outcome == "run"
+    assert store.admit("bulk", orphan, limits, 1000, message).outcome == "held"
+    store.note_held("bulk", store.end("bulk", "", limits))
+    released = store.end("bulk", "blocker", limits)  # ...and the releaser dies here
+    assert [task for task, _ in released.released] == [orphan]
+    with running_worker(env, "--pool", "threads", "--concurrency", "2"):
+        started = time.monotonic()
+        result = producer().AsyncResult(orphan).get(timeout=30)
+    assert time.monotonic() - started >= 1  # once the 3 s lease ran out, not at once
+    assert result["client_id"] == "bulk"
+    assert int(seen.hget(env["RUNS_KEY"], f"run:{orphan}") or 0) == 1
+    assert _settled(router, "bulk") == (0, 0)
+
+
+def test_a_held_document_delivered_again_runs_once(
+    producer: Callable[[], Celery], runs: tuple[dict[str, str], redis.Redis]
+) -> None:
+    """The state a worker killed after holding a document, before acknowledging it, leaves:
+    the message stored and still in the broker."""
+    env, seen = runs
+    router = _router(env)
+    router.set_tier("bulk", max_in_flight=1)
+    limits = router.limits("bulk")
+    app = producer()
+    twice = f"twice-{uuid.uuid4().hex}"
+    doc = app.send_task(TRACK, kwargs={"seconds": 0, "client_id": "bulk"}, task_id=twice)
+    assert router.gate_store.admit("bulk", "holder", limits, 1000, b"{}").outcome == "run"
+    assert (
+        router.gate_store.admit("bulk", twice, limits, 1000, _held_message(producer, env, twice)).outcome
+        == "held"
+    )
+    with running_worker(env, "--pool", "threads", "--concurrency", "2"):
+        time.sleep(1)  # the broker's copy arrives, is found held: acknowledged, not run
+        assert int(seen.hget(env["RUNS_KEY"], f"run:{twice}") or 0) == 0
+        # The holder ends, as a worker ends it: the held document is released and published.
+        for task_id, message in router.gate_store.end("bulk", "holder", limits).released:
+            publish(app, message)
+            router.gate_store.forget("bulk", task_id)
+        doc.get(timeout=30)
+    assert int(seen.hget(env["RUNS_KEY"], f"run:{twice}") or 0) == 1
+
+
+def _held_message(producer: Callable[[], Celery], env: dict[str, str], task_id: str) -> bytes:
+    """A document's message as a worker would have stored it, taken from the broker."""
+    app = producer()
+    app.send_task(TRACK, kwargs={"seconds": 0, "client_id": "bulk"}, task_id=task_id)
+    with app.connection_for_read() as conn:
+        queue = conn.SimpleQueue(app.amqp.queues[env["DOCUMENT_QUEUE"]], no_ack=False)
+        deadline = time.monotonic() + 10
+        while True:
+            message = queue.get(timeout=5)
+            if message.headers.get("id") == task_id:
+                message.ack()
+                break
+            message.requeue()
+            assert time.monotonic() < deadline
+        queue.close()
+    return pack(message)
+
+
+def test_inspect_and_status_show_running_and_held(
+    producer: Callable[[], Celery], runs: tuple[dict[str, str], redis.Redis], cli: Callable[..., Any]
+) -> None:
+    env, _ = runs
+    router = _router(env)
+    router.set_tier("bulk", max_in_flight=1)
+    app = producer()
+    bulk = _send(app, "bulk", 3, 1) + _send(app, "bulk", 0, 3)
+    with running_worker(env, "--pool", "threads", "--concurrency", "2"):
+        deadline = time.monotonic() + 30
+        while router.gate_state("bulk").held < 3:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        inspected = json.loads(cli("inspect", "bulk", "--json").output)
+        for r in bulk:
+            r.get(timeout=30)
+    assert inspected["gate"] == {
+        "running": 1,
+        "held": 3,
+        "held_by": "cap",
+        "limits": "max_in_flight=1",
+    }

@@ -25,8 +25,9 @@
 --
 -- Returns {verdict, state, due, id1, message1, id2, message2, ...}:
 --   verdict  1 run it, 0 held (its message is stored), 2 already held (a redelivery), -1 end
---   state    what holds the client's oldest held document now: "none" (nothing held),
---            "cap" or "rate"; due: when its token is due (ms), for "rate"
+--   state    what holds the client's oldest held document now: "cap" or "rate" (due: when
+--            its token is due, ms); with nothing held, "lease" while documents run (due:
+--            when the first lease runs out), else "none"
 --   then the released documents: the caller publishes each again, then deletes its
 --   message (HDEL msg id); a caller killed before that leaves it for the lease to return.
 
@@ -152,6 +153,14 @@ end
 local function settle(verdict)
   local out = {}
   local state, due = release(out)
+  if state == 'none' then
+    -- Nothing held, but a reservation may be orphaned (its releaser died before publishing):
+    -- the sweep looks again when the first lease runs out.
+    local first = redis.call('ZRANGE', run, 0, 0, 'WITHSCORES')
+    if first[1] then
+      state, due = 'lease', tonumber(first[2]) + 1
+    end
+  end
   if redis.call('ZCARD', run) > 0 then
     redis.call('PEXPIRE', run, 2 * lease)
   end
