@@ -5,6 +5,7 @@
     priority-router simulate trace.csv --policies fifo,seed,drr --json
     priority-router simulate trace.csv --tier importer=weight=4 --tier partner=shift=-1 --default-tier shift=1
     priority-router simulate --workload mixed-sizes --cost duration
+    priority-router simulate --workload slow-neighbour --tier heavy=max_in_flight=3,borrow
 
 The router's settings come from the options, else from ``PRIORITY_ROUTER_*`` variables
 (and the group's ``--reset-interval``), as the other commands read them.
@@ -21,15 +22,18 @@ from rich.markup import escape
 
 from ..config import RouterConfig
 from ..errors import ConfigurationError
+from ..limits import Limits
 from ..policy import DOCBITS_THRESHOLDS, MOST_URGENT, Policy
 from ..simulation.compare import compare
 from ..simulation.costs import BASES, MAX_COST, counted_by
+from ..simulation.gate import GATE_TICK
 from ..simulation.policies import EVERY_POLICY, POLICIES
 from ..simulation.report import (
     PlotUnavailable,
     as_json,
     check_plot,
     groups_table,
+    limits_table,
     plot,
     policy_table,
     summary_table,
@@ -56,8 +60,10 @@ COST_HELP = (
 #: How the tables' heading names what was counted, when it is not 1 per document.
 COUNTED = {"column": "cost: the cost column", "duration": "cost: seconds (--cost duration)"}
 TIER_HELP = (
-    "A client's tier for the router's policies, as `priority-router tier set` stores it: "
-    "CLIENT=weight=W,shift=S or CLIENT=fixed=P, or CLIENT=neutral (exempt from --default-tier). "
+    "A client's tier, as `priority-router tier set` stores it: CLIENT=weight=W,shift=S or "
+    "CLIENT=fixed=P for the router's policies, with or without limits for every policy "
+    "(max_in_flight=N, max_cost_in_flight=C, borrow, rate=R/s|R/m|R/h, burst=B), e.g. "
+    "bulk=weight=2,max_in_flight=3; or CLIENT=neutral (exempt from --default-tier). "
     "Repeatable; wins over --tiers."
 )
 
@@ -199,8 +205,8 @@ def _tiers_file(ctx: click.Context, param: click.Parameter, value: Path | None) 
     "--default-tier",
     callback=_default_tier,
     metavar="TIER",
-    help="The tier of every client without one of its own, e.g. shift=1 or fixed=9 "
-    "(`priority-router tier set --default`).",
+    help="The tier of every client without one of its own, e.g. shift=1, fixed=9 or "
+    "max_in_flight=2 (`priority-router tier set --default`).",
 )
 @click.option(
     "--tiers",
@@ -208,7 +214,16 @@ def _tiers_file(ctx: click.Context, param: click.Parameter, value: Path | None) 
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     callback=_tiers_file,
     metavar="FILE.csv",
-    help="Clients' tiers from a CSV file client_id,weight,shift,fixed (an empty cell: not set).",
+    help="Clients' tiers from a CSV file client_id,weight,shift,fixed, optionally followed by "
+    "any of max_in_flight,borrow,rate,burst,max_cost_in_flight (an empty cell: not set).",
+)
+@click.option(
+    "--gate-tick",
+    type=click.FloatRange(min=0, min_open=True),
+    default=GATE_TICK,
+    show_default=True,
+    help="Seconds between the workers' gate ticks, which release documents held for a rate, "
+    "or to borrow idle slots.",
 )
 @click.option(
     "--overhead",
@@ -244,6 +259,7 @@ def simulate(
     client_tiers: dict[str, Tier],
     default_tier: Tier | None,
     tiers_file: dict[str, Tier],
+    gate_tick: float,
     overhead: float,
     as_json_flag: bool,
     plot_path: Path | None,
@@ -300,6 +316,7 @@ def simulate(
             progress=lambda name: status.update(f"simulating {name}"),
             overhead=overhead,
             tiers=tiers or None,
+            gate_tick=gate_tick,
         )
     if plot_path is not None:
         plot(outcomes, loaded, plot_path, f"{source}: {workers} workers")
@@ -312,11 +329,15 @@ def simulate(
         + ("" if thresholds is None else ", custom thresholds")
         + ("" if not overhead else f", overhead {overhead * 1000:g} ms per document")
         + ("" if not tiers else f", {tiers.summary()}")
+        + ("" if not tiers.limiting else f", gate tick {gate_tick:g} s")
         + ("" if not loaded.cost_units else f", {COUNTED[cost]}")
     )
     size = f"{len(loaded)} documents, {len(loaded.clients)} clients, {workers} workers"
     console.print(summary_table(outcomes, f"{source}: {size}; {settings}"))
     console.print(groups_table(outcomes, loaded))
+    limited = _limited(tiers, loaded)
+    if limited:
+        console.print(limits_table(outcomes, limited, clients))
     for outcome in outcomes.values():
         console.print(policy_table(outcome, loaded, clients))
     if plot_path is not None:
@@ -335,10 +356,21 @@ def _tier_notes(console: Console, tiers: Tiers, loaded: Trace, chosen: tuple[str
             f"[yellow]tiers for client(s) not in the trace change nothing: {escape(shown)}{hint}[/]"
         )
     ignoring = [p for p in chosen if p not in TIERED]
-    if ignoring:
+    if ignoring and tiers.prioritizing:
         verb = "ignores" if len(ignoring) == 1 else "ignore"
         names = ", ".join(ignoring[:-1]) + " and " + ignoring[-1] if len(ignoring) > 1 else ignoring[0]
-        console.print(f"[dim]{names} {verb} tiers (no priorities)[/]")
+        note = "tiers (no priorities)"
+        if tiers.limiting:
+            note = "tiers' priorities (no priorities; limits apply)"
+        console.print(f"[dim]{names} {verb} {note}[/]")
+
+
+def _limited(tiers: Tiers, loaded: Trace) -> dict[str, Limits]:
+    """Each client of the trace with limits, and its limits."""
+    found = tiers.limits_of(loaded.clients)
+    if found is None:
+        return {}
+    return {c: lim for c, lim in zip(loaded.clients, found, strict=True) if lim}
 
 
 def _config(

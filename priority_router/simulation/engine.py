@@ -18,14 +18,21 @@ The model (docs/simulate.md says why each part is what matters for fidelity):
 - Sweeps run every ``sweep_every`` seconds from the first publish, as a worker's sweeper
   thread does from its start; sweeps while nothing waits are skipped, as they move
   nothing.
+- With per-client limits, the workers' gate (``gate.py``) admits or holds each document a
+  slot takes, and its ticks release held documents; at one instant a tick comes after the
+  documents finishing and before the publishes.  A replay without limits runs the loop it
+  ran before limits.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from heapq import heappop, heappush
 
+from ..limits import Limits
+from .gate import GATE_TICK, Gate, GateStats
 from .policies import Discipline
 from .trace import Trace
 
@@ -37,15 +44,28 @@ class Schedule:
     published: list[float]
     started: list[float]
     finished: list[float]
+    #: Client index -> what the gate did to it, for each client with limits.
+    gated: dict[int, GateStats] = field(default_factory=dict)
 
 
-def run(trace: Trace, discipline: Discipline, workers: int, overhead: float = 0.0) -> Schedule:
+def run(
+    trace: Trace,
+    discipline: Discipline,
+    workers: int,
+    overhead: float = 0.0,
+    limits: Sequence[Limits] | None = None,
+    gate_tick: float = GATE_TICK,
+) -> Schedule:
     """Simulate ``trace`` under ``discipline`` on ``workers`` slots until every document ran;
-    ``overhead`` is the seconds between a slot taking a document and starting it."""
+    ``overhead`` is the seconds between a slot taking a document and starting it;
+    ``limits``, one per client index, are enforced by a gate ticking every ``gate_tick``
+    seconds."""
     if workers < 1:
         raise ValueError(f"workers {workers!r} must be at least 1")
     if not (0 <= overhead < math.inf):
         raise ValueError(f"overhead {overhead!r} must be 0 or more seconds")
+    if limits is not None and any(limits):
+        return _run_gated(trace, discipline, workers, overhead, Gate(trace, limits, gate_tick))
     n = len(trace)
     at, duration, client = trace.at, trace.duration, trace.client
     published = [0.0] * n
@@ -54,14 +74,7 @@ def run(trace: Trace, discipline: Discipline, workers: int, overhead: float = 0.
     discipline.prepare(trace, published)
     publish, take, finish, sweep = discipline.publish, discipline.take, discipline.finish, discipline.sweep
 
-    followers: dict[int, list[int]] = {}
-    if trace.after:
-        opened = [i for i, a in enumerate(trace.after) if a < 0]
-        for i, a in enumerate(trace.after):
-            if a >= 0:
-                followers.setdefault(a, []).append(i)
-    else:
-        opened = list(range(n))
+    opened, followers = _openings(trace)
     released: list[tuple[float, int]] = []  # closed-loop publishes that fell due: (time, doc)
     running: list[tuple[float, int]] = []  # (finish time, doc)
     n_open = len(opened)
@@ -132,3 +145,98 @@ def run(trace: Trace, discipline: Discipline, workers: int, overhead: float = 0.
                 next_sweep = first + (math.floor((ta - first) / every) + 1) * every
             waiting += 1
     return Schedule(published, started, finished)
+
+
+def _openings(trace: Trace) -> tuple[list[int], dict[int, list[int]]]:
+    """The documents published at a time of their own, and each document's closed-loop followers."""
+    followers: dict[int, list[int]] = {}
+    if not trace.after:
+        return list(range(len(trace))), followers
+    for i, a in enumerate(trace.after):
+        if a >= 0:
+            followers.setdefault(a, []).append(i)
+    return [i for i, a in enumerate(trace.after) if a < 0], followers
+
+
+def _run_gated(trace: Trace, discipline: Discipline, workers: int, overhead: float, gate: Gate) -> Schedule:
+    """:func:`run` with the gate between the queue and the slots: a slot that takes a held
+    document takes the next one at once, and released documents go back to the queue."""
+    n = len(trace)
+    at, duration, client = trace.at, trace.duration, trace.client
+    published = [0.0] * n
+    started = [0.0] * n
+    finished = [0.0] * n
+    discipline.prepare(trace, published)
+    opened, followers = _openings(trace)
+    released: list[tuple[float, int]] = []  # closed-loop publishes that fell due: (time, doc)
+    running: list[tuple[float, int]] = []  # (finish time, doc)
+    every = discipline.sweep_every if discipline.sweep_every is not None else math.inf
+    first = at[opened[0]]
+    inf = math.inf
+    next_sweep = inf
+    free = workers
+    queued = 0
+    i = 0
+
+    def fill(now: float) -> None:
+        nonlocal free, queued
+        while free and queued:
+            doc = discipline.take()
+            queued -= 1
+            if gate.admit(doc, client[doc], now):
+                free -= 1
+                begin = now + overhead
+                started[doc] = begin
+                finished[doc] = end = begin + duration[doc]
+                heappush(running, (end, doc))
+
+    def requeue(docs: list[int], now: float) -> None:
+        nonlocal queued
+        for doc in docs:
+            discipline.requeue(doc, client[doc], now)
+        queued += len(docs)
+
+    while True:
+        doc, ta = (opened[i], at[opened[i]]) if i < len(opened) else (-1, inf)
+        from_released = False
+        if released:
+            rt, rd = released[0]
+            if rt < ta or (rt == ta and rd < doc):
+                ta, doc, from_released = rt, rd, True
+        tf = running[0][0] if running else inf
+        tt = gate.next_tick if gate.ticking else inf
+        ts = next_sweep if queued else inf
+        now = min(ta, tf, tt, ts)
+        if now == inf:
+            break
+        if ts == now:
+            discipline.sweep(now)
+            next_sweep += every
+            continue
+        if tf == now:
+            _, done = heappop(running)
+            free += 1
+            discipline.finish(done, client[done], now)
+            for f in followers.get(done, ()):
+                heappush(released, (now + at[f], f))
+            requeue(gate.ended(done, client[done], now, queued), now)
+        elif tt == now:
+            gate.ticked()
+            requeue(gate.due(now), now)
+            fill(now)
+            if free and not queued:
+                requeue(gate.lend(now, free), now)
+        else:
+            if from_released:
+                heappop(released)
+            else:
+                i += 1
+            published[doc] = now
+            discipline.publish(doc, client[doc], now)
+            queued += 1
+        fill(now)
+        if not queued:
+            next_sweep = inf
+        elif next_sweep == inf and every < inf:
+            next_sweep = first + (math.floor((now - first) / every) + 1) * every
+    return Schedule(published, started, finished, gate.stats())

@@ -8,10 +8,11 @@ slowdowns is 1.0 when every client is slowed down alike and 1/n when one takes i
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .engine import Schedule
+from .gate import GateStats
 from .trace import Trace
 
 
@@ -71,6 +72,8 @@ class Outcome:
     per_client: dict[str, ClientWaits]
     #: Each document's wait, in trace order (for the groups and the plot).
     waits: list[float]
+    #: Client -> what the workers' gate did to it, for each client with limits.
+    gated: dict[str, GateStats] = field(default_factory=dict)
 
 
 def summarize(policy: str, trace: Trace, schedule: Schedule) -> Outcome:
@@ -88,7 +91,8 @@ def summarize(policy: str, trace: Trace, schedule: Schedule) -> Outcome:
         per_client[client_id] = ClientWaits(len(mine), statistics.median(mine), p95(mine), mine[-1])
         slowdowns.append(slowdown(mine, services[c]))
     makespan = max(schedule.finished) - min(schedule.published)
-    return Outcome(policy, makespan, jain(slowdowns), per_client, waits)
+    gated = {trace.clients[c]: stats for c, stats in schedule.gated.items()}
+    return Outcome(policy, makespan, jain(slowdowns), per_client, waits, gated)
 
 
 def group_waits(trace: Trace, waits: list[float]) -> dict[str, list[float]]:

@@ -20,7 +20,9 @@
 Both ideals are what no broker offers.
 
 Tiers (``tiers.py``) adjust the router's priorities (seed and inflight, with or without
-max_wait); ``fifo``, ``rr`` and ``drr`` have no priorities and ignore them.
+max_wait); ``fifo``, ``rr`` and ``drr`` have no priorities and ignore them.  Their limits
+apply under every discipline: the gate (``gate.py``) is at the workers, and a document it
+releases comes back through :meth:`Discipline.requeue`.
 """
 
 from __future__ import annotations
@@ -64,6 +66,10 @@ class Discipline(Protocol):
     def publish(self, doc: int, client: int, now: float) -> None:
         """``doc`` of ``client`` is published at ``now`` and waits."""
 
+    def requeue(self, doc: int, client: int, now: float) -> None:
+        """``doc``, held by the gate and now released, waits again where its publish put it
+        (the priority it was published with), without being counted again."""
+
     def take(self) -> int:
         """The waiting document a free slot takes next (there is one)."""
 
@@ -86,6 +92,9 @@ class Fifo:
         self._queue = deque()
 
     def publish(self, doc: int, client: int, now: float) -> None:
+        self._queue.append(doc)
+
+    def requeue(self, doc: int, client: int, now: float) -> None:
         self._queue.append(doc)
 
     def take(self) -> int:
@@ -125,6 +134,8 @@ class RouterQueue:
         self._inflight = InflightCount(reset_interval)
         self._ids: tuple[str, ...] = ()
         self._units: list[int] = []
+        #: Each published document's priority, for requeue.
+        self._levels: list[int] = []
         # Chosen per trace, so that a trace without costs runs the code it ran before costs.
         self.publish: Callable[[int, int, float], None] = self._publish
         self.finish: Callable[[int, int, float], None] = self._finish
@@ -138,6 +149,7 @@ class RouterQueue:
         self._seed = SeedCount(self.reset_interval, one)
         self._inflight = InflightCount(self.reset_interval, one)
         self._ids = trace.clients
+        self._levels = [0] * len(trace)
         self.publish = self._publish_costed if self._units else self._publish
         self.finish = self._finish_costed if self._units else self._finish
 
@@ -150,6 +162,7 @@ class RouterQueue:
             priority = self.thresholds.priority_for(pending)
         else:
             priority = self.prioritize(self._ids[client], pending)
+        self._levels[doc] = priority
         self._lists[priority].append(doc)
 
     def _publish_costed(self, doc: int, client: int, now: float) -> None:
@@ -162,7 +175,11 @@ class RouterQueue:
             priority = self.thresholds.priority_for(whole(pending))
         else:
             priority = self.prioritize(self._ids[client], as_count(pending))
+        self._levels[doc] = priority
         self._lists[priority].append(doc)
+
+    def requeue(self, doc: int, client: int, now: float) -> None:
+        self._lists[self._levels[doc]].append(doc)
 
     def take(self) -> int:
         for waiting in self._lists:
@@ -231,6 +248,9 @@ class RoundRobin:
             self._active.append(client)
         waiting.append(doc)
 
+    def requeue(self, doc: int, client: int, now: float) -> None:
+        self.publish(doc, client, now)
+
     def take(self) -> int:
         active = self._active
         if self._turn:
@@ -294,6 +314,9 @@ class DeficitRoundRobin:
             self._active.append(client)
             self._deficit[client] = 0.0
         waiting.append(doc)
+
+    def requeue(self, doc: int, client: int, now: float) -> None:
+        self.publish(doc, client, now)
 
     def take(self) -> int:
         active = self._active

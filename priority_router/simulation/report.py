@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import statistics
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from rich.table import Table
 
+from ..limits import Limits
 from .metrics import Outcome, group_order, group_waits, p95
 from .trace import Trace
 
@@ -99,25 +101,65 @@ def policy_table(outcome: Outcome, trace: Trace, limit: int) -> Table:
     return table
 
 
+def limits_table(outcomes: dict[str, Outcome], limits: Mapping[str, Limits], limit: int) -> Table:
+    """Each client with limits under each policy: the most documents it ran at once, its
+    documents held and their time held (at most ``limit`` clients: the longest held)."""
+    held = {c: max(o.gated[c].held_seconds for o in outcomes.values()) for c in limits}
+    clients = sorted(limits, key=lambda c: (-held[c], c)) if len(limits) > limit else sorted(limits)
+    caption = (
+        f"the {limit} clients held longest of {len(limits)}; --json lists every client"
+        if len(limits) > limit
+        else None
+    )
+    table = Table(title="Limits: what the workers' gate did", caption=caption)
+    for column in ("client", "limits", "policy", "max running", "held", "time held"):
+        table.add_column(column, justify="left" if column in ("client", "limits", "policy") else "right")
+    for n, client_id in enumerate(clients[:limit]):
+        for i, (name, outcome) in enumerate(outcomes.items()):
+            stats = outcome.gated[client_id]
+            table.add_row(
+                client_id if i == 0 else "",
+                limits[client_id].describe() if i == 0 else "",
+                name,
+                str(stats.peak),
+                str(stats.held),
+                seconds(stats.held_seconds),
+                end_section=i == len(outcomes) - 1 and n != min(limit, len(clients)) - 1,
+            )
+    return table
+
+
 def as_json(outcomes: dict[str, Outcome]) -> dict[str, Any]:
     """policy -> {"makespan", "jain", "per_client": {client: {"documents", "p50_wait",
-    "p95_wait", "max_wait"}}}, seconds rounded to the microsecond."""
-    return {
-        name: {
-            "makespan": round(o.makespan, 6),
-            "jain": round(o.jain, 6),
-            "per_client": {
-                client_id: {
-                    "documents": w.documents,
-                    "p50_wait": round(w.p50_wait, 6),
-                    "p95_wait": round(w.p95_wait, 6),
-                    "max_wait": round(w.max_wait, 6),
-                }
-                for client_id, w in o.per_client.items()
-            },
-        }
-        for name, o in outcomes.items()
+    "p95_wait", "max_wait"}}}, seconds rounded to the microsecond; with limits, also
+    "limits": {client: {"max_running", "held", "held_seconds"}} for each client with limits."""
+    return {name: _policy_json(o) for name, o in outcomes.items()}
+
+
+def _policy_json(o: Outcome) -> dict[str, Any]:
+    found: dict[str, Any] = {
+        "makespan": round(o.makespan, 6),
+        "jain": round(o.jain, 6),
+        "per_client": {
+            client_id: {
+                "documents": w.documents,
+                "p50_wait": round(w.p50_wait, 6),
+                "p95_wait": round(w.p95_wait, 6),
+                "max_wait": round(w.max_wait, 6),
+            }
+            for client_id, w in o.per_client.items()
+        },
     }
+    if o.gated:
+        found["limits"] = {
+            client_id: {
+                "max_running": g.peak,
+                "held": g.held,
+                "held_seconds": round(g.held_seconds, 6),
+            }
+            for client_id, g in o.gated.items()
+        }
+    return found
 
 
 def check_plot(path: Path) -> str:

@@ -2,33 +2,45 @@
 
 The router's rule, with the router's own code (``Tier.priority``): a client's own tier,
 else the default tier, else the threshold table alone; a neutral tier of its own exempts a
-client from the default.  The simulator holds the tiers fixed for the whole replay (no
-change mid-trace, so the default tier's refresh plays no part).
+client from the default.  A tier's limits (``limits.py``) go with it: a client's own tier
+brings its limits (or none), the default tier's apply to every client without one.  The
+simulator holds the tiers fixed for the whole replay (no change mid-trace, so the default
+tier's refresh plays no part).
 
 A tier is written as in the CLI's ``tier set`` options and ``tier list``'s output: a comma
-or space separated list of ``weight=W``, ``shift=S`` and ``fixed=P``, or ``neutral``.  A
-tiers file is CSV with the header ``client_id,weight,shift,fixed`` and one client per line,
-an empty cell meaning "not set" (all three empty: a neutral tier).
+or space separated list of ``weight=W``, ``shift=S`` and ``fixed=P``, and of the limits
+``max_in_flight=N``, ``max_cost_in_flight=C``, ``borrow`` (a bare word), ``rate=R/s`` (or
+``/m``, ``/h``) and ``burst=B``; or ``neutral``.  A tiers file is CSV with the header
+``client_id,weight,shift,fixed``, optionally followed by any of the columns
+``max_in_flight,borrow,rate,burst,max_cost_in_flight``, and one client per line, an empty
+cell meaning "not set" (every cell empty: a neutral tier).
 """
 
 from __future__ import annotations
 
 import csv
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..errors import ConfigurationError, PriorityRouterError
+from ..limits import NONE, Limits
 from ..policy import Policy
 from ..store.keys import normalize_client_id
 from ..tiers import Tier
 from .costs import level
 
 HEADER = ("client_id", "weight", "shift", "fixed")
-#: The words of a tier, as ``tier set`` names its options.
-NAMES = ("weight", "shift", "fixed")
+#: The optional columns of a tiers file after ``HEADER``, any of them in any order.
+LIMIT_COLUMNS = ("max_in_flight", "borrow", "rate", "burst", "max_cost_in_flight")
+#: The words of a tier, as ``tier set`` names its options (``borrow`` stands without a value).
+NAMES = ("weight", "shift", "fixed", "max_in_flight", "max_cost_in_flight", "rate", "burst")
 EXAMPLE = "weight=2,shift=-1 or fixed=9"
+LIMITS_EXAMPLE = "max_in_flight=3, borrow, rate=5/s, burst=10, max_cost_in_flight=40"
+_TRUE = ("true", "yes", "1", "borrow")
+_FALSE = ("false", "no", "0")
 
 
 class TierSpecError(PriorityRouterError, ValueError):
@@ -49,10 +61,29 @@ class Tiers:
         """The tier the router applies to ``client_id``: its own, else the default."""
         return self.clients.get(client_id, self.default)
 
+    @property
+    def prioritizing(self) -> bool:
+        """Whether some tier changes priorities (and not only limits)."""
+        return any(_priority_part(t) != Tier() for t in self._every())
+
+    @property
+    def limiting(self) -> bool:
+        """Whether some tier has limits."""
+        return any(t.limits for t in self._every())
+
+    def limits_of(self, client_ids: Sequence[str]) -> list[Limits] | None:
+        """Each client's limits (``Limits()`` for none), in the order of ``client_ids``;
+        None when no client has any."""
+        if not self.limiting:
+            return None
+        found = [NONE if (t := self.tier_of(c)) is None else t.limits for c in client_ids]
+        return found if any(found) else None
+
     def prioritize(self, policy: Policy) -> Callable[[str, float], int] | None:
         """``prioritize(client_id, pending)`` for ``RouterQueue`` (``policies.Prioritize``;
-        ``pending`` fractional with costs); None without tiers: the table alone."""
-        if not self:
+        ``pending`` fractional with costs); None when no tier changes a priority: the table
+        alone."""
+        if not self.prioritizing:
             return None
         clients, default = dict(self.clients), self.default
 
@@ -73,10 +104,18 @@ class Tiers:
             parts.append(f"default tier {self.default.describe()}")
         return ", ".join(parts)
 
+    def _every(self) -> list[Tier]:
+        return [*self.clients.values(), *([] if self.default is None else [self.default])]
+
+
+def _priority_part(tier: Tier) -> Tier:
+    return tier.with_limits(NONE)
+
 
 def parse_tier(text: str) -> Tier:
-    """``weight=2,shift=-1`` (or ``weight=2 shift=-1``, ``fixed=9``, ``neutral``) -> a
-    validated :class:`Tier`; :class:`TierSpecError` says what is wrong and the fix."""
+    """``weight=2,shift=-1`` (or ``weight=2 shift=-1``, ``fixed=9``, ``max_in_flight=3,borrow``,
+    ``neutral``) -> a validated :class:`Tier`; :class:`TierSpecError` says what is wrong and
+    the fix."""
     items = [item for item in re.split(r"[,\s]+", text.strip()) if item]
     if items == ["neutral"]:
         return Tier()
@@ -85,12 +124,16 @@ def parse_tier(text: str) -> Tier:
     values: dict[str, str] = {}
     for item in items:
         name, equals, value = item.partition("=")
-        name = name.strip().lower()
-        if not equals or name not in NAMES or not value:
+        name = name.strip().lower().replace("-", "_")
+        if name == "borrow" and not equals:
+            value = "true"
+        elif name == "borrow":
+            raise TierSpecError(f"{item!r}: borrow takes no value; write borrow, or leave it out")
+        elif not equals or name not in NAMES or not value:
             raise TierSpecError(
                 f"{item!r} is not weight=W, shift=S or fixed=P"
                 + (" (neutral stands alone)" if item == "neutral" else "")
-                + f"; write e.g. {EXAMPLE}"
+                + f"; write e.g. {EXAMPLE}, or a limit: {LIMITS_EXAMPLE}"
             )
         if name in values:
             raise TierSpecError(f"{name} is given twice in {text!r}; give it once")
@@ -103,7 +146,32 @@ def parse_tier(text: str) -> Tier:
         ) from None
     shift = _whole("shift", values.get("shift", "0"), "shift=-1")
     fixed = _whole("fixed", values["fixed"], "fixed=9") if "fixed" in values else None
-    return _validated(weight, shift, fixed)
+    return _validated(weight, shift, fixed, _limits(values))
+
+
+def _limits(values: Mapping[str, str]) -> Limits:
+    """The limits among a tier's ``values`` (names as in :data:`LIMIT_COLUMNS`, text as written)."""
+    try:
+        return Limits(
+            max_in_flight=_number(values.get("max_in_flight"), int),
+            borrow=values.get("borrow") == "true",
+            rate=values.get("rate"),
+            burst=_number(values.get("burst"), int),
+            max_cost_in_flight=_number(values.get("max_cost_in_flight"), float),
+        )
+    except ConfigurationError as exc:  # the router's own validation: names the limit and the fix
+        raise TierSpecError(str(exc)) from None
+
+
+def _number(raw: str | None, kind: type[int] | type[float]) -> Any:
+    """``raw`` as a number of ``kind``; text that is not one is given to ``Limits`` as it
+    is, so that the router's own message refuses it."""
+    if raw is None:
+        return None
+    try:
+        return kind(raw)
+    except ValueError:
+        return raw
 
 
 def parse_client_tier(text: str) -> tuple[str, Tier]:
@@ -122,16 +190,17 @@ def parse_client_tier(text: str) -> tuple[str, Tier]:
 
 
 def load_tiers_csv(path: str | Path) -> dict[str, Tier]:
-    """Read a ``client_id,weight,shift,fixed`` file; :class:`TierSpecError` names a bad line."""
+    """Read a ``client_id,weight,shift,fixed[,max_in_flight,...]`` file; :class:`TierSpecError`
+    names a bad line."""
     tiers: dict[str, Tier] = {}
     lines: dict[str, int] = {}
     try:
         with open(path, newline="", encoding="utf-8-sig") as f:
             reader = csv.reader(f)
-            _check_header(next(reader, None))
+            header = _check_header(next(reader, None))
             for row in reader:
                 if any(cell.strip() for cell in row):
-                    client_id, tier = _client_line(reader.line_num, row, lines)
+                    client_id, tier = _client_line(reader.line_num, header, row, lines)
                     tiers[client_id] = tier
                     lines[client_id] = reader.line_num
     except UnicodeDecodeError as exc:
@@ -143,11 +212,13 @@ def load_tiers_csv(path: str | Path) -> dict[str, Tier]:
     return tiers
 
 
-def _client_line(line: int, row: list[str], lines: Mapping[str, int]) -> tuple[str, Tier]:
+def _client_line(
+    line: int, header: tuple[str, ...], row: list[str], lines: Mapping[str, int]
+) -> tuple[str, Tier]:
     """One line of a tiers file; ``lines``: the line of each client read so far."""
-    if len(row) != len(HEADER):
+    if len(row) != len(header):
         raise TierSpecError(
-            f"line {line}: {len(row)} field(s) {row!r}; each line is client_id,weight,shift,fixed, "
+            f"line {line}: {len(row)} field(s) {row!r}; each line is {','.join(header)}, "
             "with empty cells for what is not set (quote a client id that holds a comma)"
         )
     client_id = normalize_client_id(row[0])
@@ -158,31 +229,50 @@ def _client_line(line: int, row: list[str], lines: Mapping[str, int]) -> tuple[s
             f"line {line}: {client_id!r} already has a tier on line {lines[client_id]}; keep one"
         )
     try:
-        return client_id, _row_tier(row[1:])
+        return client_id, _row_tier(dict(zip(header[1:], (cell.strip() for cell in row[1:]), strict=True)))
     except TierSpecError as exc:
         raise TierSpecError(f"line {line}: {exc}") from None
 
 
-def _check_header(row: list[str] | None) -> None:
+def _check_header(row: list[str] | None) -> tuple[str, ...]:
+    """The file's columns (``client_id`` first), or :class:`TierSpecError` naming the header's form."""
     expected = ",".join(HEADER)
     if row is None:
         raise TierSpecError(f"the file is empty; its first line must be the header {expected}")
     cells = tuple(cell.strip().lower() for cell in row)
-    if cells not in (HEADER, ("client", *HEADER[1:])):
+    first, limits = cells[: len(HEADER)], cells[len(HEADER) :]
+    if (
+        first not in (HEADER, ("client", *HEADER[1:]))
+        or not set(limits) <= set(LIMIT_COLUMNS)
+        or len(set(limits)) != len(limits)
+    ):
         raise TierSpecError(
-            f"line 1: the header is {','.join(row)!r}; the first line must be exactly {expected}"
+            f"line 1: the header is {','.join(row)!r}; the first line must be exactly {expected}, "
+            f"optionally followed by any of {','.join(LIMIT_COLUMNS)} (each once)"
         )
+    return (HEADER[0], *cells[1:])
 
 
-def _row_tier(cells: list[str]) -> Tier:
-    raw_weight, raw_shift, raw_fixed = (cell.strip() for cell in cells)
+def _row_tier(cells: Mapping[str, str]) -> Tier:
+    """A tier from one line's cells by column name (an empty cell: not set)."""
+    raw_weight, raw_shift, raw_fixed = cells["weight"], cells["shift"], cells["fixed"]
     try:
         weight = float(raw_weight) if raw_weight else 1.0
     except ValueError:
         raise TierSpecError(f"weight {raw_weight!r} is not a number; write e.g. 2 or 0.5") from None
     shift = _whole("shift", raw_shift, "-1") if raw_shift else 0
     fixed = _whole("fixed", raw_fixed, "9") if raw_fixed else None
-    return _validated(weight, shift, fixed)
+    values = {name: cells[name] for name in LIMIT_COLUMNS if cells.get(name)}
+    if "borrow" in values:
+        values["borrow"] = _borrow_cell(values["borrow"])
+    return _validated(weight, shift, fixed, _limits(values))
+
+
+def _borrow_cell(raw: str) -> str:
+    word = raw.lower()
+    if word not in (*_TRUE, *_FALSE):
+        raise TierSpecError(f"borrow {raw!r} is not true or false; write true, or leave the cell empty")
+    return "true" if word in _TRUE else "false"
 
 
 def _whole(name: str, raw: str, example: str) -> int:
@@ -192,8 +282,8 @@ def _whole(name: str, raw: str, example: str) -> int:
         raise TierSpecError(f"{name} {raw!r} is not a whole number; write e.g. {example}") from None
 
 
-def _validated(weight: float, shift: int, fixed: int | None) -> Tier:
+def _validated(weight: float, shift: int, fixed: int | None, limits: Limits = NONE) -> Tier:
     try:
-        return Tier(weight, shift, fixed)
+        return Tier(weight, shift, fixed, limits)
     except ConfigurationError as exc:  # the router's own validation: names the setting and the fix
         raise TierSpecError(str(exc)) from None

@@ -4,7 +4,8 @@
 ``bench/fairness.py``, ``bench/fairness_modes.py``, ``bench/starvation.py``); each
 workload's :meth:`trace` is the same documents for the simulator.  Document lengths are
 seeded, so two runs of one workload (real or simulated) send the same documents.
-:class:`MixedSizes` is the simulator's only: no benchmark publishes it.
+:class:`MixedSizes` and :class:`SlowNeighbour` are the simulator's only: no benchmark
+publishes them.
 """
 
 from __future__ import annotations
@@ -203,6 +204,66 @@ class MixedSizes:
         return _open_trace(self.documents())
 
 
+@dataclass(frozen=True)
+class SlowNeighbour:
+    """One client's long documents filling every slot, next to light clients' short ones:
+    the case for capping a client's documents in flight (``max_in_flight``).
+
+    The heavy client (``heavy``) sends ``heavy`` documents of ``heavy_seconds`` +/-
+    ``heavy_jitter``, one every ``heavy_every`` seconds from 0; ``light_clients`` clients
+    (``light00``, ...) send ``light_docs`` documents each of ``light_seconds`` +/-
+    ``light_jitter``, evenly spread over ``light_spread`` seconds from ``light_start``,
+    client after client in turn.  Once the heavy client holds every slot, no queue order
+    helps a light document: it waits for a long document to finish, unless a cap keeps
+    slots out of the heavy client's reach.
+    """
+
+    heavy: int = 12
+    heavy_every: float = 2.0
+    heavy_seconds: float = 60.0
+    heavy_jitter: float = 10.0
+    light_clients: int = 8
+    light_docs: int = 5
+    light_seconds: float = 2.0
+    light_jitter: float = 1.0
+    light_start: float = 1.0
+    light_spread: float = 240.0
+    seed: int = 7
+
+    @property
+    def total(self) -> int:
+        return self.heavy + self.light_clients * self.light_docs
+
+    def documents(self) -> list[Document]:
+        """Every document, in publishing order."""
+        rng = random.Random(self.seed)
+
+        def length(mean: float, jitter: float) -> float:
+            return mean + jitter * (2 * rng.random() - 1)
+
+        every = self.heavy_every
+        docs = [
+            Document("heavy", "heavy", f"h{n}", length(self.heavy_seconds, self.heavy_jitter), n * every)
+            for n in range(self.heavy)
+        ]
+        light = [(c, d) for d in range(self.light_docs) for c in range(self.light_clients)]
+        gap = self.light_spread / max(1, len(light))
+        docs += [
+            Document(
+                "light",
+                f"light{c:02d}",
+                f"l{c}-{d}",
+                length(self.light_seconds, self.light_jitter),
+                self.light_start + i * gap,
+            )
+            for i, (c, d) in enumerate(light)
+        ]
+        return sorted(docs, key=lambda doc: doc.at)
+
+    def trace(self) -> Trace:
+        return _open_trace(self.documents())
+
+
 def _open_trace(documents: Iterator[Document] | list[Document]) -> Trace:
     """Documents published at their ``at``, in the order given (sorted by ``at``)."""
     builder = TraceBuilder()
@@ -217,7 +278,8 @@ class Workload(Protocol):
 
 #: ``--workload`` name -> the workload with a given seed: the real benchmarks' defaults
 #: (``bench/fairness.py`` for the noisy neighbour, ``bench/fairness_modes.py`` for steady-burst
-#: and heavy-mix); mixed-sizes is the simulator's own, for counting by cost.
+#: and heavy-mix); mixed-sizes is the simulator's own, for counting by cost, and
+#: slow-neighbour, for capping a client's documents in flight.
 WORKLOADS: dict[str, Callable[[int], Workload]] = {
     "noisy-neighbour": lambda seed: NoisyNeighbour(
         heavy=160, light_clients=12, light_docs=2, doc_seconds=0.05, jitter=0.5, seed=seed
@@ -225,6 +287,7 @@ WORKLOADS: dict[str, Callable[[int], Workload]] = {
     "steady-burst": lambda seed: SteadyBurst(seed=seed),
     "heavy-mix": lambda seed: HeavyMix(seed=seed),
     "mixed-sizes": lambda seed: MixedSizes(seed=seed),
+    "slow-neighbour": lambda seed: SlowNeighbour(seed=seed),
 }
 
 #: The seed every built-in workload uses unless told otherwise (the benchmarks' default).

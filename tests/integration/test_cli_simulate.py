@@ -416,3 +416,107 @@ def test_bad_costs_exit_2_naming_the_problem(
     result = cli("simulate", str(path), *args)
     assert result.exit_code == 2, result.output
     assert message in " ".join(result.output.split())
+
+
+# -- limits: max_in_flight, borrow, rate, burst, max_cost_in_flight in the tiers -------------
+
+
+def gate_of(data: dict[str, Any]) -> dict[str, Any]:
+    """Each policy's "limits" (what the gate did), asserting every policy saw the same."""
+    found = [policy.get("limits") for policy in data.values()]
+    assert all(f == found[0] for f in found), found
+    return found[0] or {}
+
+
+def test_a_cap_holds_heavy_back_under_every_policy(cli: Callable[..., Result], trace: Path) -> None:
+    # 4 slots; heavy's 4 documents at 0 would take them all, light's at 0.5 would wait 0.5 s.
+    plain = run_json(cli, str(trace))
+    assert {p["per_client"]["light"]["max_wait"] for p in plain.values()} == {0.5}
+    assert "limits" not in plain["fifo"]
+    capped = run_json(cli, str(trace), "--tier", "heavy=max_in_flight=3")
+    assert {p["per_client"]["light"]["max_wait"] for p in capped.values()} == {0.0}
+    assert {p["per_client"]["heavy"]["max_wait"] for p in capped.values()} == {1.0}
+    assert gate_of(capped) == {"heavy": {"max_running": 3, "held": 1, "held_seconds": 1.0}}
+    # Borrowing: the idle 4th slot is lent at the first tick (0.25), so light waits again.
+    borrowing = run_json(cli, str(trace), "--tier", "heavy=max_in_flight=3,borrow")
+    assert {p["per_client"]["light"]["max_wait"] for p in borrowing.values()} == {0.5}
+    assert gate_of(borrowing) == {"heavy": {"max_running": 4, "held": 1, "held_seconds": 0.25}}
+    # With priorities too, and from a tiers file's limit columns: the same.
+    weighted = run_json(cli, str(trace), "--tier", "heavy=weight=2,max_in_flight=3")
+    assert gate_of(weighted) == gate_of(capped)
+
+
+def test_a_rate_and_the_gate_tick(cli: Callable[..., Result], trace: Path) -> None:
+    # 2/s with a bucket of 2: two start at 0, a token is due every 0.5 s, released at the tick.
+    rated = run_json(cli, str(trace), "--tier", "heavy=rate=2/s,burst=2")
+    assert gate_of(rated) == {"heavy": {"max_running": 3, "held": 2, "held_seconds": 1.5}}
+    assert {p["per_client"]["light"]["max_wait"] for p in rated.values()} == {0.0}
+    # Ticks every second: the tokens due at 0.5 and 1 wait for heavy's first end at 1, which
+    # releases both (an end releases at once, while h1 still runs: 3 at once).
+    slow_tick = run_json(cli, str(trace), "--tier", "heavy=rate=2/s,burst=2", "--gate-tick", "1")
+    assert gate_of(slow_tick) == {"heavy": {"max_running": 3, "held": 2, "held_seconds": 2.0}}
+
+
+def test_a_default_tier_and_a_tiers_file_give_limits(
+    cli: Callable[..., Result], trace: Path, tmp_path: Path
+) -> None:
+    default = run_json(cli, str(trace), "--default-tier", "max_in_flight=2")
+    assert gate_of(default) == {
+        "heavy": {"max_running": 2, "held": 2, "held_seconds": 2.0},
+        "light": {"max_running": 1, "held": 0, "held_seconds": 0.0},
+    }
+    tiers = tmp_path / "tiers.csv"
+    tiers.write_text("client_id,weight,shift,fixed,max_in_flight,borrow\nheavy,,,,3,true\n")
+    assert run_json(cli, str(trace), "--tiers", str(tiers)) == run_json(
+        cli, str(trace), "--tier", "heavy=max_in_flight=3,borrow"
+    )
+    cost = run_json(cli, str(trace), "--tier", "heavy=max_cost_in_flight=2")  # every cost 1: 2 at once
+    assert gate_of(cost)["heavy"]["max_running"] == 2
+
+
+def test_the_tables_show_what_the_gate_did(cli: Callable[..., Result], trace: Path) -> None:
+    result = cli("simulate", str(trace), "--tier", "heavy=max_in_flight=3,borrow")
+    assert result.exit_code == 0, result.output
+    out = " ".join(result.output.split())
+    assert "tiers for 1 client(s), gate tick 0.25 s" in out
+    assert "Limits: what the workers' gate did" in out
+    assert "max running" in out and "time held" in out and "max_in_flight=3 borrow" in out
+    assert "ignore tiers" not in out, "limits alone: nothing to ignore"
+    mixed = " ".join(cli("simulate", str(trace), "--tier", "heavy=shift=1,max_in_flight=3").output.split())
+    assert "fifo and drr ignore tiers' priorities (no priorities; limits apply)" in mixed
+    plain = " ".join(cli("simulate", str(trace)).output.split())
+    assert "Limits:" not in plain and "gate tick" not in plain
+
+
+def test_the_slow_neighbour_capped_at_3_leaves_light_clients_a_slot(cli: Callable[..., Result]) -> None:
+    def light_longest(data: dict[str, Any]) -> float:
+        return max(
+            w["max_wait"] for p in data.values() for c, w in p["per_client"].items() if c.startswith("light")
+        )
+
+    assert light_longest(run_json(cli, "--workload", "slow-neighbour")) > 40
+    assert (
+        light_longest(run_json(cli, "--workload", "slow-neighbour", "--tier", "heavy=max_in_flight=3")) == 0
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--tier", "heavy=borrow"), "heavy: borrow: borrow=True lets a capped client run beyond its cap"),
+        (("--tier", "heavy=max_in_flight=0"), "heavy: max_in_flight: 0 is not a whole number of documents"),
+        (("--tier", "heavy=burst=5"), "burst: a burst is the size of a rate's bucket, but no rate is given"),
+        (
+            ("--default-tier", "rate=5"),
+            "Invalid value for '--default-tier': rate: '5' is not R/s, R/m or R/h",
+        ),
+        (("--tier", "heavy=cap=3"), "or a limit: max_in_flight=3, borrow, rate=5/s"),
+        (("--gate-tick", "0"), "--gate-tick"),
+    ],
+)
+def test_bad_limits_exit_2_naming_the_option_and_the_fix(
+    cli: Callable[..., Result], trace: Path, args: tuple[str, ...], message: str
+) -> None:
+    result = cli("simulate", str(trace), *args)
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split())
