@@ -45,6 +45,9 @@ COSTS = {
     "task_queue_max_priority": "RabbitMQ queues declared without x-max-priority >= 10 "
     "ignore or clip message priorities",
     "x-max-priority": "the most urgent levels share its top priority",
+    "broker_heartbeat": "on a gevent or eventlet pool with RabbitMQ, AMQP heartbeats make "
+    "Celery's green loop take about one message per 0.1 s (about 10 documents a second "
+    "whatever the concurrency), and the messages reserved meanwhile run ahead of urgent ones",
 }
 
 
@@ -141,6 +144,10 @@ def wanted_changes(
             assert pool is not None
             changes += _redis_connections(app, pool, applied)
     elif transport is Transport.AMQP:
+        if pool is not None and pool.green:
+            heartbeat = _setting(app, "broker_heartbeat", 0, applied)
+            if heartbeat is not None:
+                changes.append(heartbeat)
         changes += _amqp_queues(app)
     return changes
 

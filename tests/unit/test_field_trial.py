@@ -69,6 +69,29 @@ def test_green_pools_on_rabbitmq_keep_the_window_of_one() -> None:
     assert "max_connections" not in changes
 
 
+@pytest.mark.parametrize("pool", ["gevent", "eventlet"])
+def test_green_pools_on_rabbitmq_turn_amqp_heartbeats_off(pool: str) -> None:
+    # With heartbeats, Celery's green loop on py-amqp takes about one message per 0.1 s.
+    app = _app("amqp://guest:guest@127.0.0.1:1//")
+    changes = {c.key: c for c in wanted_changes(app, Transport.AMQP, pool_named(pool, 20))}
+    assert changes["broker_heartbeat"].wanted == 0
+    assert not changes["broker_heartbeat"].kept
+    assert "10 documents a second" in changes["broker_heartbeat"].cost
+    threads = {c.key for c in wanted_changes(app, Transport.AMQP, pool_named("threads", 20))}
+    assert "broker_heartbeat" not in threads
+
+
+def test_a_users_own_heartbeat_is_kept_and_its_cost_named() -> None:
+    app = _app("amqp://guest:guest@127.0.0.1:1//")
+    app.conf.broker_heartbeat = 120
+    (change,) = [
+        c
+        for c in wanted_changes(app, Transport.AMQP, pool_named("eventlet", 20))
+        if c.key == "broker_heartbeat"
+    ]
+    assert change.kept and change.current == 120
+
+
 def test_a_users_own_connection_limit_is_kept_and_named_when_too_small() -> None:
     app = _app()
     app.conf.broker_transport_options = {"max_connections": 12}
