@@ -71,11 +71,15 @@ class Context:
             "mode": mode,
         }
         self._router: PriorityRouter | None = None
+        #: Store options typed on the command line (not read from the environment): with
+        #: ``-A``, these win over the app's own settings.
+        self.typed: dict[str, Any] = {}
 
     def override(self, name: str, value: object) -> None:
         """A store option given after the subcommand wins over one given before it."""
         if value is not None:
             self._overrides[name] = value
+            self.typed[name] = value
             self._router = None
 
     @property
@@ -169,6 +173,14 @@ def main(
 ) -> None:
     """Inspect and manage priority-router's per-client priorities."""
     ctx.obj = Context(redis_url, key_prefix, reset_interval, mode, app_name)
+    for name, value in (
+        ("redis_url", redis_url),
+        ("key_prefix", key_prefix),
+        ("reset_interval", reset_interval),
+        ("mode", mode),
+    ):
+        if value is not None and ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE:
+            ctx.obj.typed[name] = value
 
 
 def _app_name(ctx: click.Context, given: str | None) -> str | None:
@@ -193,7 +205,17 @@ def _router(ctx: click.Context, app_name: str | None = None) -> PriorityRouter:
             raise AssertionError  # unreachable
         # The app's own priority_router_* settings (a celeryconfig module, Django's
         # CELERY_PRIORITY_ROUTER_*) count only once the app has loaded its configuration.
-        return _operator_router(installed.follow_apps().config)
+        config = installed.follow_apps().config
+        context = ctx.find_object(Context)
+        typed = {k: v for k, v in (context.typed if context else {}).items() if getattr(config, k) != v}
+        if typed:
+            try:
+                config = dataclasses.replace(config, **typed)
+            except ConfigurationError as exc:
+                _fail(str(exc), 2)
+            given = ", ".join(f"--{k.replace('_', '-')} {redact_url(str(v))}" for k, v in typed.items())
+            click.echo(f"priority-router: {given} given: used instead of {app_name!r}'s setting", err=True)
+        return _operator_router(config)
     try:
         context = ctx.find_object(Context)
         assert context is not None, "priority-router commands run under the main group"

@@ -131,3 +131,26 @@ def test_doctor_refuses_a_fifo_rabbitmq_queue(app_module: AppFactory, amqp_url: 
     finally:
         with Connection(amqp_url) as conn:
             conn.default_channel.queue_delete(queue)
+
+
+def test_store_options_typed_with_dash_a_win_over_the_apps_and_say_so(
+    app_module: AppFactory, redis_server_url: str, key_prefix: str
+) -> None:
+    from support.services import counter_db_url
+
+    from priority_router import PriorityRouter
+
+    name = app_module(broker_db_url(redis_server_url), f"q-{uuid.uuid4().hex[:8]}")
+    other = key_prefix + "other:"
+    PriorityRouter(counter_db_url(redis_server_url), key_prefix=other, mode="inflight").record("acme", "t1")
+    result = CliRunner().invoke(
+        main, ["-A", name, "inspect", "acme", "--json", "--mode", "inflight", "--key-prefix", other]
+    )
+    assert result.exit_code == 0, result.output
+    row = json.loads(result.stdout)
+    assert (row["tracked"], row["in_flight"]) == (True, 1)
+    assert f"--mode inflight, --key-prefix {other} given: used instead of {name!r}'s setting" in result.stderr
+    # Without them, the app's own store, and nothing said.
+    plain = CliRunner().invoke(main, ["-A", name, "inspect", "acme", "--json"])
+    assert json.loads(plain.stdout)["tracked"] is False
+    assert plain.stderr == ""
