@@ -15,6 +15,12 @@ literal, so Flower's exact search ``kwargs:priority_router_client=acme`` finds
 every document of a client, including those whose id travelled only in a header.
 A router in dry run adds ``'priority_router_dry_run': True``, since Flower cannot see
 the header that says so.
+
+A document the worker's gate holds (``gate.py``) is announced again as received, its
+``kwargs`` ending with why it waits (``'priority_router_held': "held by its client's
+cap: max_in_flight=3 running"``); Flower shows it RECEIVED with the reason until it is
+released, received once more and started.  (A custom event state would be kept by
+Flower's state machine over every later state but success and failure.)
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ PENDING_KEY = "priority_router_pending"
 DRY_RUN_KEY = "priority_router_dry_run"
 TIER_KEY = "priority_router_tier"
 COST_KEY = "priority_router_cost"
+HELD_KEY = "priority_router_held"
 #: Longer ids are shown cut (headers must stay small; see publish.MAX_HEADER_ID).
 MAX_SHOWN_ID = 200
 
@@ -61,8 +68,19 @@ def annotate_kwargsrepr(kwargsrepr: str, decision: Decision, dry_run: bool = Fal
     return f"{kwargsrepr} | {{{extra}}}"
 
 
+def annotate_held(kwargsrepr: object, reason: str) -> str:
+    """``kwargsrepr`` with why the gate holds the document."""
+    text = kwargsrepr.strip() if isinstance(kwargsrepr, str) else "{}"
+    extra = f"{HELD_KEY!r}: {reason!r}"
+    if text in ("", "{}"):
+        return "{" + extra + "}"
+    if text.startswith("{") and text.endswith("}"):
+        return text[:-1] + ", " + extra + "}"
+    return f"{text} | {{{extra}}}"
+
+
 _SHOWN = re.compile(
-    r"'priority_router_(client|priority|pending|tier)': "
+    r"'priority_router_(held|client|priority|pending|tier)': "
     r"('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|-?\d+|None)"
 )
 

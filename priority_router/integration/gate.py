@@ -38,6 +38,7 @@ from .. import headers as H
 from ..limits import Limits
 from ..store.gate import Verdict
 from ..store.keys import normalize_client_id
+from .flower import annotate_held
 from .redeliver import Unstorable, pack, publish
 
 if TYPE_CHECKING:
@@ -127,7 +128,8 @@ def admit(app: Celery, router: PriorityRouter, request: Any) -> bool:
     worker_state.task_ready(request)
     request.acknowledge()
     reason = held_reason(verdict, limits)
-    request.send_event("task-held", reason=reason, client_id=client)
+    # Received again, with the reason: what Flower shows until the document is released.
+    request.send_event("task-received", name=request.name, kwargs=annotate_held(request.kwargsrepr, reason))
     if router.metrics is not None:
         router.metrics.record_held(verdict.state)
     logger.debug("priority-router: held %s of client %r: %s", request.id, client, reason)

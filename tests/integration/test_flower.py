@@ -81,3 +81,35 @@ def test_flower_shows_client_and_priority(
 
         page = flower.get(f"/task/{acme[-1]}")
         assert "priority_router_client" in page and "acme" in page
+
+
+def test_flower_shows_why_a_held_document_has_not_started(
+    flower: Flower, producer: Callable[[], Celery], worker_env: dict[str, str]
+) -> None:
+    from priority_router import PriorityRouter
+
+    PriorityRouter.from_env(worker_env).set_tier("bulk", max_in_flight=1)
+    app = producer()
+    with running_worker(worker_env, "--pool", "threads", "--concurrency", "2"):
+        wait_for(lambda: flower.get("/api/workers?refresh=1"))
+        first = app.send_task("tests.hold_and_record", (3,), kwargs={"client_id": "bulk"})
+        second = app.send_task("tests.hold_and_record", (0,), kwargs={"client_id": "bulk"})
+
+        def held() -> dict[str, Any]:
+            task: dict[str, Any] = flower.get(f"/api/task/info/{second.id}")
+            return task if "priority_router_held" in str(task.get("kwargs")) else {}
+
+        shown = wait_for(held)
+        assert shown["state"] == "RECEIVED"
+        assert ast.literal_eval(shown["kwargs"])["priority_router_held"] == (
+            "held by its client's cap: max_in_flight=1 running"
+        )
+        first.get(timeout=30)
+        second.get(timeout=30)
+
+        def ran() -> dict[str, Any]:
+            task: dict[str, Any] = flower.get(f"/api/task/info/{second.id}")
+            return task if task.get("state") == "SUCCESS" else {}
+
+        done = wait_for(ran)
+        assert "priority_router_held" not in str(done["kwargs"])  # received again, then run
