@@ -37,6 +37,7 @@ from ..integration.rabbitmq import (
     rabbitmq_version,
     verify_priority_queues,
 )
+from ..limits import Limits
 from ..redact import redact_url
 from ..router import installed_router
 from ..store.connection import is_cluster
@@ -68,6 +69,7 @@ def diagnose(app: Celery, pool: WorkerPool | None = None) -> list[Finding]:
     checks: dict[str, Check] = dict(_CHECKS)
     if pool is not None:
         checks["prefetch"] = functools.partial(_check_prefetch, pool=pool)
+        checks["limits"] = functools.partial(_check_limits, pool=pool)
     findings: list[Finding] = []
     for name, check in checks.items():
         try:
@@ -483,6 +485,64 @@ def _check_default_priority(app: Celery, transport: Transport) -> Iterator[Findi
     )
 
 
+def _check_limits(app: Celery, transport: Transport, pool: WorkerPool | None = None) -> Iterator[Finding]:
+    router = installed_router(app)
+    if router is None:
+        return
+    clients = {c: v for c, v in router.limit_store.all().items() if isinstance(v, Limits) and v}
+    default = router.limit_store.get_default()
+    if not clients and not default:
+        return
+    slots, whose = _pool_slots(app, pool)
+    for client, limits in sorted(clients.items()) + (
+        [("every client without a tier", default)] if default else []
+    ):
+        cap = limits.max_in_flight
+        if cap is not None and slots is not None and cap >= slots:
+            name = client if client.startswith("every client") else repr(client)
+            yield Finding(
+                "limits",
+                False,
+                f"the cap of {name}, max_in_flight={cap}, is at least the whole pool "
+                f"({slots} slot(s), {whose}): it can never hold a document",
+                f"set it below {slots} (`priority-router tier set ... --max-in-flight N`), or drop it",
+            )
+    max_wait = router.config.max_wait
+    now = time.time() * 1000
+    for client in router.gate_store.holding():
+        state = router.gate_store.read(client)
+        if max_wait is None or state.oldest_held_ms is None:
+            continue
+        waited = (now - state.oldest_held_ms) / 1000
+        if waited > max_wait:
+            yield Finding(
+                "limits",
+                False,
+                f"client {client!r} has {state.held} document(s) held by its limits, the oldest for "
+                f"{waited:.0f} s, longer than max_wait={max_wait:g} s (max_wait promotes documents "
+                "waiting in the queue, not ones a cap or rate holds)",
+                "raise its max_in_flight or rate, or lift them (`priority-router tier unset CLIENT`)",
+            )
+    shown = f"{len(clients)} client(s) with limits" + (f", default {default.describe()}" if default else "")
+    yield Finding("limits", True, f"{shown}; pool {slots if slots is not None else '?'} slot(s) ({whose})")
+
+
+def _pool_slots(app: Celery, pool: WorkerPool | None) -> tuple[int | None, str]:
+    """The slots of every worker that answers, else of the pool named (one worker)."""
+    try:
+        with app.connection_for_write() as conn:
+            stats = app.control.inspect(timeout=1.0, connection=conn).stats() or {}
+    except Exception:
+        stats = {}
+    answered = [s.get("pool", {}).get("max-concurrency") for s in stats.values()]
+    counted = [n for n in answered if isinstance(n, int)]
+    if counted:
+        return sum(counted), f"{len(counted)} worker(s) answering"
+    if pool is not None:
+        return pool.concurrency, f"one worker, {pool}"
+    return None, "no worker answered"
+
+
 _CHECKS: dict[str, Check] = {
     "router": _check_router,
     "kombu": _check_kombu,
@@ -496,4 +556,5 @@ _CHECKS: dict[str, Check] = {
     "counter store": _check_counter,
     "workers": _check_consumers,
     "task_default_priority": _check_default_priority,
+    "limits": _check_limits,
 }

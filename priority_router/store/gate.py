@@ -63,6 +63,8 @@ class GateState:
     running: int
     held: int
     running_units: int
+    #: When the oldest held document was held (Unix ms), None when none is.
+    oldest_held_ms: int | None = None
 
 
 def held_by(state: GateState, limits: Limits) -> str | None:
@@ -157,8 +159,12 @@ class GateStore:
             pipe.zcount(run, f"({now}", "+inf")
             pipe.llen(held)
             pipe.hget(gate, "sum")
-            running, held_count, units = pipe.execute()
-        return GateState(int(running), int(held_count), int(units or 0))
+            pipe.lindex(held, 0)
+            running, held_count, units, oldest = pipe.execute()
+        since = self._redis.hget(gate, "at:" + _text(oldest)) if oldest is not None else None
+        return GateState(
+            int(running), int(held_count), int(units or 0), None if since is None else int(since)
+        )
 
     def _next_look(self, verdict: Verdict, now_ms: int | None) -> int:
         if verdict.state in ("rate", "lease") and verdict.due_ms:

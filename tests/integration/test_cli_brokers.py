@@ -154,3 +154,38 @@ def test_store_options_typed_with_dash_a_win_over_the_apps_and_say_so(
     plain = CliRunner().invoke(main, ["-A", name, "inspect", "acme", "--json"])
     assert json.loads(plain.stdout)["tracked"] is False
     assert plain.stderr == ""
+
+
+def test_doctor_flags_a_cap_that_can_never_bite_and_documents_held_past_max_wait(
+    app_module: AppFactory, redis_server_url: str, key_prefix: str
+) -> None:
+    import time
+
+    from support.services import counter_db_url
+
+    from priority_router import PriorityRouter
+
+    name = app_module(
+        broker_db_url(redis_server_url), f"q-{uuid.uuid4().hex[:8]}", {"priority_router_max_wait": 2}
+    )
+    router = PriorityRouter(counter_db_url(redis_server_url), key_prefix=key_prefix)
+    router.set_tier("bulk", max_in_flight=4)
+    code, findings = invoke("doctor", "-A", name, "-P", "threads", "-c", "4")
+    (finding,) = [f for f in findings if f["check"] == "limits" and not f["ok"]]
+    assert (
+        "max_in_flight=4, is at least the whole pool (4 slot(s), one worker, threads pool"
+        in finding["detail"]
+    )
+    assert code == 1
+
+    router.set_tier("bulk", max_in_flight=1)
+    limits = router.limits("bulk")
+    long_ago = int(time.time() * 1000) - 10_000
+    router.gate_store.admit("bulk", "running", limits, 1000, b"{}", now_ms=long_ago)
+    verdict = router.gate_store.admit("bulk", "waiting", limits, 1000, b"{}", now_ms=long_ago)
+    router.gate_store.note_held("bulk", verdict)
+    code, findings = invoke("doctor", "-A", name, "-P", "threads", "-c", "4")
+    (finding,) = [f for f in findings if f["check"] == "limits" and not f["ok"]]
+    assert "client 'bulk' has 1 document(s) held by its limits, the oldest for 1" in finding["detail"]
+    assert "longer than max_wait=2 s" in finding["detail"]
+    assert code == 1

@@ -7,7 +7,7 @@
 -- KEYS[3]  msg   HASH  task id -> the held document's message, as the broker delivered it
 -- KEYS[4]  gate  HASH  tk, ts: the rate's tokens and when they were counted (ms);
 --                      sum: the units of cost running; u:<id> a running document's units;
---                      h:<id> a held document's units
+--                      h:<id> a held document's units, at:<id> when it was held (ms)
 --
 -- ARGV[1]  "admit" or "end"
 -- ARGV[2]  task id: the document received (admit) or ended (end; "" for a sweep)
@@ -130,7 +130,7 @@ local function release(out)
       return why, due
     end
     redis.call('LPOP', held)
-    redis.call('HDEL', gate, 'h:' .. head)
+    redis.call('HDEL', gate, 'h:' .. head, 'at:' .. head)
     local message = redis.call('HGET', msg, head)
     if message then
       take(head, units)
@@ -181,7 +181,7 @@ end
 local function park(units)
   redis.call('RPUSH', held, id)
   redis.call('HSET', msg, id, ARGV[12])
-  redis.call('HSET', gate, 'h:' .. id, units)
+  redis.call('HSET', gate, 'h:' .. id, units, 'at:' .. id, now)
 end
 
 if mode == 'end' then
