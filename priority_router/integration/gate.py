@@ -181,6 +181,8 @@ def _republish(app: Celery, router: PriorityRouter, client: str, released: list[
             )
             continue
         router.forget_quietly(client, task_id)
+        if router.metrics is not None:
+            router.metrics.released.inc()
 
 
 class QueueProbe:

@@ -91,3 +91,23 @@ def test_worker_serves_queue_wait_by_priority(
     assert value(samples, "priority_router_queue_wait_seconds_count", priority="2") == 2
     # Published before the worker started, so each waited at least the worker's start-up.
     assert value(samples, "priority_router_queue_wait_seconds_sum", priority="1") > 0
+
+
+def test_worker_counts_documents_held_by_their_clients_limits_and_released(
+    producer: Callable[[], Celery], worker_env: dict[str, str]
+) -> None:
+    from priority_router import PriorityRouter
+
+    PriorityRouter.from_env(worker_env).set_tier("bulk", max_in_flight=1)
+    port = free_port()
+    env = {**worker_env, "PRIORITY_ROUTER_METRICS_PORT": str(port)}
+    app = producer()
+    docs = [app.send_task("tests.hold_and_record", (0.2,), kwargs={"client_id": "bulk"}) for _ in range(4)]
+    with running_worker(env, "--pool", "threads", "--concurrency", "2"):
+        for doc in docs:
+            doc.get(timeout=60)
+        samples = scrape(f"http://127.0.0.1:{port}/metrics")
+    held = value(samples, "priority_router_held_total", reason="cap")
+    assert held >= 1
+    assert value(samples, "priority_router_released_total") == held
+    assert value(samples, "priority_router_held_total", reason="rate") == 0
