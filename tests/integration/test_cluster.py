@@ -442,3 +442,48 @@ def test_publishes_keep_going_through_a_failover(
         assert cluster.master_of_key(keys.key(client)) is replica
         resumed = next(p for p in after_kill if p.client == client and p.reason == "counted")
         assert resumed.pending == before_kill[client] - 1
+
+
+def test_caps_hold_on_the_cluster_with_real_workers(
+    redis_cluster: LocalCluster, worker_env: dict[str, str], redis_server_url: str
+) -> None:
+    """Each client's gate is one script on its own master; the index of held clients and the
+    limits live on theirs."""
+    import uuid
+
+    import redis as redis_py
+    from support.services import running_worker
+
+    from priority_router.store.keys import gate_keys
+
+    runs_key = f"runs-{uuid.uuid4().hex[:8]}"
+    env = {
+        **worker_env,
+        "PRIORITY_ROUTER_REDIS_URL": redis_cluster.url,
+        "RUNS_REDIS_URL": broker_db_url(redis_server_url),
+        "RUNS_KEY": runs_key,
+    }
+    router = PriorityRouter.from_env(env)
+    clients = [f"bulk-{n}" for n in range(6)]
+    for client in clients:
+        router.set_tier(client, max_in_flight=1)
+    gates = {redis_cluster.master_of_key(gate_keys(router.config.key_prefix, c)[0]).port for c in clients}
+    assert len(gates) > 1, "the clients' gates should spread over masters"
+    app = create_app(env)
+    seen = redis_py.Redis.from_url(env["RUNS_REDIS_URL"])
+    try:
+        docs = [
+            app.send_task("tests.track_running", kwargs={"seconds": 0.3, "client_id": c})
+            for c in clients
+            for _ in range(3)
+        ]
+        with running_worker(env, "--pool", "threads", "--concurrency", "6"):
+            for doc in docs:
+                doc.get(timeout=90)
+        assert {c: int(seen.hget(runs_key, f"max:{c}") or 0) for c in clients} == dict.fromkeys(clients, 1)
+        assert all(int(seen.hget(runs_key, f"run:{d.id}") or 0) == 1 for d in docs)
+        assert all(router.gate_state(c).held == 0 for c in clients)
+    finally:
+        seen.delete(runs_key)
+        seen.close()
+        close_app(app)
