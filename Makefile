@@ -25,9 +25,10 @@ shapes: $(STAMP)
 	$(BIN)/python -m pytest tests/integration/test_shapes_matrix.py $(PYTEST_ARGS)
 
 ## The kill matrices: `priority-router migrate` on RabbitMQ SIGKILLed after each step, in
-## both directions, then rerun, with every document counted once (about 4 minutes).
+## both directions, then rerun, with every document counted once; and the caps and rates
+## tests make test runs on Redis only, on RabbitMQ (about 5 minutes).
 kill-matrix: $(STAMP)
-	$(BIN)/python -m pytest tests/integration/test_migrate_rabbitmq.py -m matrix $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests/integration/test_migrate_rabbitmq.py tests/integration/test_gate_workers.py -m matrix $(PYTEST_ARGS)
 
 ## The Celery compatibility matrix (noxfile.py): the unit and contract tests and the
 ## integration tests marked compat, on the oldest supported Celery, kombu and redis-py, each
