@@ -85,8 +85,8 @@ class GateStore:
         self._prefix = prefix
         self.lease_ms = max(1000, round(lease * 1000))
         self._index = held_index_key(prefix)
-        self._gate: Any = client.register_script((_LUA / "gate.lua").read_text())
-        self._settle: Any = client.register_script((_LUA / "gate_index.lua").read_text())
+        # Registered on first use: on Redis Cluster, registering a script connects.
+        self._scripts: dict[str, Any] = {}
 
     def admit(
         self,
@@ -148,7 +148,7 @@ class GateStore:
         """After a sweep of ``client_id``: its next look, or off the index when nothing is held
         (unless another worker indexed it since the sweep read ``seen``)."""
         if verdict.state == "none":
-            self._settle(keys=[self._index], args=[client_id, repr(seen)])
+            self._script("gate_index")(keys=[self._index], args=[client_id, repr(seen)])
         else:
             self._redis.zadd(self._index, {client_id: self._next_look(verdict, now_ms)})
 
@@ -165,6 +165,12 @@ class GateStore:
         return GateState(
             int(running), int(held_count), int(units or 0), None if since is None else int(since)
         )
+
+    def _script(self, name: str) -> Any:
+        script = self._scripts.get(name)
+        if script is None:
+            script = self._scripts[name] = self._redis.register_script((_LUA / f"{name}.lua").read_text())
+        return script
 
     def _next_look(self, verdict: Verdict, now_ms: int | None) -> int:
         if verdict.state in ("rate", "lease") and verdict.due_ms:
@@ -197,7 +203,7 @@ class GateStore:
             RELEASE_BATCH,
             *tail,
         ]
-        reply = self._gate(keys=gate_keys(self._prefix, client_id), args=args)
+        reply = self._script("gate")(keys=gate_keys(self._prefix, client_id), args=args)
         verdict, state, due = reply[0], _text(reply[1]), int(reply[2])
         pairs = reply[3:]
         released = [(_text(pairs[i]), _bytes(pairs[i + 1])) for i in range(0, len(pairs), 2)]
