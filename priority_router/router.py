@@ -408,8 +408,10 @@ class PriorityRouter:
     def default_tier(self) -> Tier | None:
         self.follow_apps()
         with self._store("read the default tier for", "every client"):
-            tier = self.tier_store.get_default()
-            return None if tier is None else tier.with_limits(self.limit_store.get_default())
+            tier, limits = self.tier_store.get_default(), self.limit_store.get_default()
+            if tier is None and not limits:
+                return None
+            return (tier or Tier()).with_limits(limits)
 
     # -- the gate (workers) -----------------------------------------------------------
 

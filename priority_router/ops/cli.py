@@ -410,7 +410,7 @@ def reset(ctx: click.Context, client: str | None, everyone: bool, yes: bool, app
         click.echo(f"reset {deleted} client(s)")
         return
     assert client is not None
-    if not yes and not click.confirm(f"Reset {client!r}'s pending count?", default=False):
+    if not yes and not click.confirm(f"Reset the pending count of {client!r}?", default=False):
         _fail("nothing reset", 1)
     try:
         had = router.reset(client)

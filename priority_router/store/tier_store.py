@@ -67,7 +67,11 @@ class TierStore:
         return None if stored is None else decode(stored)
 
     def set(self, client_id: str, tier: Tier) -> None:
-        self._mark_in_use()
+        # A tier that adjusts no priority (only limits, or --neutral) matters to publishers
+        # only beside a default tier, which marks the deployment itself: until then their
+        # checks stay bare.
+        if tier.encode():
+            self._mark_in_use()
         self._redis.set(self.key(client_id), tier.encode())
 
     def unset(self, client_id: str) -> bool:
@@ -78,6 +82,11 @@ class TierStore:
         return None if stored is None else decode(stored)
 
     def set_default(self, tier: Tier) -> None:
+        """Store the default tier's priority part; one that adjusts no priority (limits
+        only) is no default tier for publishers, and any stored one goes."""
+        if not tier.encode():
+            self.unset_default()
+            return
         self._mark_in_use()
         self._redis.set(self._default_key, tier.encode())
         self._cached, self._cached_until = tier, time.monotonic() + self.refresh

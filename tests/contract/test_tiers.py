@@ -11,6 +11,7 @@ from support.redis_wire import record_sends
 
 from priority_router import DOCBITS_THRESHOLDS, PriorityRouter
 from priority_router.errors import ConfigurationError
+from priority_router.limits import Limits
 from priority_router.tiers import Tier, decode
 
 #: The worked example's priorities for documents 1..23 of one client (docs/scheme.md).
@@ -220,3 +221,25 @@ def test_a_neutral_default_tier_is_refused_as_the_cli_refuses_it(
     with pytest.raises(ConfigurationError, match="unset_default_tier"):
         router.set_default_tier()
     assert router.default_tier() is None
+
+
+def test_limits_leave_every_publish_exactly_as_it_was(
+    client: redis.Redis, key_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Publishers never read limits: a deployment with caps and rates only sends the bare check."""
+    publisher = make(client, key_prefix)
+    publisher.tier_store.refresh = 0  # it reads the default tier and the marker each time
+    operator = make(client, key_prefix)
+    publisher.record("warm")
+    sent = record_sends(client, monkeypatch)
+    publisher.record("acme")
+    before = sent[-1]
+    operator.set_tier("acme", max_in_flight=3, rate="5/s")
+    operator.set_default_tier(max_in_flight=10, borrow=True)
+    sent.clear()
+    decision = publisher.record("acme")
+    assert len(sent) == 2  # the refresh's read (as without limits), then the check
+    assert b"GET" not in b"".join(sent[-1]) and len(sent[-1]) == len(before)
+    assert (decision.priority, decision.tier) == (1, None)
+    assert operator.default_tier() == Tier(limits=Limits(max_in_flight=10, borrow=True))
+    assert operator.tier("acme") == Tier(limits=Limits(max_in_flight=3, rate="5/s"))
