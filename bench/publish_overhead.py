@@ -26,7 +26,9 @@ in the seed mode").  ``--modes seed,seed:tiers`` measures what reading the clien
 in the check costs once a deployment has tiers (until then the check leaves it out).
 ``--modes seed,seed:costs,seed:costed`` measures documents of cost 1 once a deployment
 counts costs (the check then reads the client's extras), and documents that each carry a
-``priority_router_cost`` header (the check adds to the extras).
+``priority_router_cost`` header (the check adds to the extras).  ``--modes seed,seed:capped``
+measures publishes of clients that each have a cap and a rate (publishers never read limits:
+the workers' gate does).
 """
 
 from __future__ import annotations
@@ -50,7 +52,9 @@ TIERED = ":tiers"
 COSTS = ":costs"
 #: ... publishing documents that each cost 2.5.
 COSTED = ":costed"
-SUFFIXES = (TIERED, COSTS, COSTED)
+#: ... where every client publishing has a cap and a rate, and the default tier too.
+CAPPED = ":capped"
+SUFFIXES = (TIERED, COSTS, COSTED, CAPPED)
 
 
 def base_mode(mode: str) -> str:
@@ -108,6 +112,14 @@ def child(redis_url: str, blocks: int, block: int, modes: list[str]) -> dict[str
             router = installed_router(routed[mode])
             assert router is not None
             router.record("some-other-client", "t", cost=2)  # costs are in use under this prefix
+        if mode.endswith(CAPPED):
+            from priority_router.router import installed_router
+
+            router = installed_router(routed[mode])
+            assert router is not None
+            for n in range(100):
+                router.set_tier(f"c{n}", max_in_flight=3, rate="100/s")
+            router.set_default_tier(max_in_flight=10)
 
     cpu: dict[str, list[float]] = {}
 

@@ -314,3 +314,25 @@ def test_inspect_and_status_show_running_and_held(
         "held_by": "cap",
         "limits": "max_in_flight=1",
     }
+
+
+def test_a_cap_combines_with_a_weight_in_the_inflight_mode_and_every_count_returns_to_zero(
+    producer: Callable[[], Celery], runs: tuple[dict[str, str], redis.Redis]
+) -> None:
+    env, seen = runs
+    env = {**env, "PRIORITY_ROUTER_MODE": "inflight"}
+    router = _router(env)
+    router.set_tier("bulk", weight=2, max_in_flight=2)
+    app = producer()
+    app.conf.priority_router_mode = "inflight"
+    bulk = _send(app, "bulk", 0.2, 8)
+    assert router.state("bulk").counted == 8
+    with running_worker(env, "--pool", "prefork", "--concurrency", "3"):
+        done = [r.get(timeout=60) for r in bulk]
+        deadline = time.monotonic() + 15
+        while router.state("bulk").counted and time.monotonic() < deadline:
+            time.sleep(0.1)
+    assert int(seen.hget(env["RUNS_KEY"], "max:bulk") or 0) == 2
+    assert _most_at_once(done) <= 2
+    assert router.state("bulk").counted == 0  # every held, released and run document was ended
+    assert _settled(router, "bulk") == (0, 0)
