@@ -39,6 +39,7 @@ from ..limits import Limits
 from ..store.gate import Verdict
 from ..store.keys import normalize_client_id
 from .flower import annotate_held
+from .periodic import Periodic
 from .redeliver import Unstorable, pack, publish
 
 if TYPE_CHECKING:
@@ -246,45 +247,23 @@ def _probe(app: Celery) -> QueueProbe:
     return probe
 
 
-class GateThread:
+class GateThread(Periodic):
     """A worker's daemon thread: renews its gated documents' leases, releases what is due,
     and lends its idle slots to borrowing clients when nothing else waits."""
 
+    doing = "the gate's sweep"
+    meanwhile = "held documents wait for their clients' running ones to end"
+
     def __init__(self, app: Celery, router: PriorityRouter, consumer: Any, concurrency: int) -> None:
+        super().__init__("priority-router-gate", TICK)
         self.app = app
         self.router = router
         self._consumer = consumer
         self._concurrency = concurrency
-        self._stopped = threading.Event()
         self._renewed = 0.0
-        self._failing = False
-        self._thread = threading.Thread(target=self._run, name="priority-router-gate", daemon=True)
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self._stopped.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout)
-
-    def _run(self) -> None:
-        while not self._stopped.wait(TICK):
-            try:
-                self.tick()
-            except Exception as exc:
-                if not self._failing:
-                    logger.warning(
-                        "priority-router: the gate's sweep failed (%s: %s); held documents wait for "
-                        "their clients' running ones to end until it works again",
-                        type(exc).__name__,
-                        exc,
-                    )
-                self._failing = True
-                continue
-            if self._failing:
-                logger.warning("priority-router: the gate's sweep works again")
-                self._failing = False
+    def step(self) -> None:
+        self.tick()
 
     def tick(self) -> None:
         store, limits = self.router.gate_store, self.router.limit_store.snapshot()

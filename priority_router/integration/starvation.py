@@ -15,7 +15,6 @@ Redis only: RabbitMQ has no sound way to do this (see :data:`AMQP_REFUSAL`).
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from celery import Celery
 from celery.signals import worker_shutdown
 
 from .. import headers as H
+from .periodic import Periodic
 
 logger = logging.getLogger("priority_router")
 
@@ -90,30 +90,26 @@ class Promoter:
         return total
 
 
-class Sweeper:
+class Sweeper(Periodic):
     """A worker's daemon thread that promotes its queues' overdue documents."""
 
+    doing = "the max_wait sweep"
+    meanwhile = "documents are served by priority alone"
+
     def __init__(self, app: Celery, max_wait: float, queues: Callable[[], list[str]]) -> None:
+        super().__init__("priority-router-sweeper", sweep_interval(max_wait))
         self.app = app
         self.max_wait = max_wait
-        self.interval = sweep_interval(max_wait)
         self._queues = queues
-        self._stopped = threading.Event()
         self._connection: Any = None
         self._channel: Any = None
         self._promoter: Promoter | None = None
-        self._failing = False
         self.moved = 0
-        self._thread = threading.Thread(target=self._run, name="priority-router-sweeper", daemon=True)
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self._stopped.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout)
-        self._close()
+    def step(self) -> None:
+        moved = self.sweep()
+        if moved:
+            logger.debug("max_wait: %d overdue documents served first", moved)
 
     def sweep(self) -> int:
         """One sweep of every queue the worker consumes; how many documents moved."""
@@ -132,31 +128,7 @@ class Sweeper:
         self.moved += moved
         return moved
 
-    def _run(self) -> None:
-        while not self._stopped.wait(self.interval):
-            try:
-                moved = self.sweep()
-            except Exception as exc:
-                self._close()
-                if not self._failing:
-                    logger.warning(
-                        "priority-router: the max_wait sweep failed (%s: %s); documents are served "
-                        "by priority alone until it works again (retrying every %.2f s)",
-                        type(exc).__name__,
-                        exc,
-                        self.interval,
-                    )
-                else:
-                    logger.debug("max_wait sweep failed again", exc_info=True)
-                self._failing = True
-                continue
-            if self._failing:
-                logger.warning("priority-router: the max_wait sweep works again")
-                self._failing = False
-            if moved:
-                logger.debug("max_wait: %d overdue documents served first", moved)
-
-    def _close(self) -> None:
+    def on_failure(self) -> None:
         connection, self._connection = self._connection, None
         channel, self._channel = self._channel, None
         self._promoter = None

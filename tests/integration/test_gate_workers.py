@@ -73,6 +73,13 @@ def _runs_of(seen: redis.Redis, env: dict[str, str], results: list[Any]) -> list
     return [int(seen.hget(env["RUNS_KEY"], f"run:{r.id}") or 0) for r in results]
 
 
+def _wait_held(router: PriorityRouter, client: str, n: int, log: Callable[[], str] = str) -> None:
+    deadline = time.monotonic() + 30
+    while router.gate_state(client).held < n:
+        assert time.monotonic() < deadline, f"fewer than {n} documents were held: {log()}"
+        time.sleep(0.05)
+
+
 def _settled(router: PriorityRouter, client: str, timeout: float = 15) -> tuple[int, int]:
     """The client's running and held counts once nothing of it runs or waits (or the timeout)."""
     deadline = time.monotonic() + timeout
@@ -129,10 +136,7 @@ def test_lifting_a_cap_starts_the_held_documents_within_seconds(
     app = producer()
     bulk = _send(app, "bulk", 6, 1) + _send(app, "bulk", 0.1, 4)
     with running_worker(env, "--pool", "threads", "--concurrency", "4"):
-        deadline = time.monotonic() + 30
-        while router.gate_state("bulk").held < 4:
-            assert time.monotonic() < deadline, "the documents over the cap were not held"
-            time.sleep(0.1)
+        _wait_held(router, "bulk", 4)
         lifted = time.monotonic()
         router.unset_tier("bulk")
         for r in bulk[1:]:
@@ -201,10 +205,7 @@ def test_a_killed_worker_leaves_every_held_and_running_document_run_and_its_slot
     worker = Worker(env, "--pool", "threads", "--concurrency", "4")
     try:
         worker.wait_ready()
-        deadline = time.monotonic() + 30
-        while router.gate_state("bulk").held < 6:  # 2 running, 6 held
-            assert time.monotonic() < deadline, worker.output()
-            time.sleep(0.05)
+        _wait_held(router, "bulk", 6, worker.output)  # 2 running, 6 held
         worker.process.send_signal(signal.SIGKILL)
         worker.process.wait()
     finally:
@@ -301,10 +302,7 @@ def test_inspect_and_status_show_running_and_held(
     app = producer()
     bulk = _send(app, "bulk", 3, 1) + _send(app, "bulk", 0, 3)
     with running_worker(env, "--pool", "threads", "--concurrency", "2"):
-        deadline = time.monotonic() + 30
-        while router.gate_state("bulk").held < 3:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        _wait_held(router, "bulk", 3)
         inspected = json.loads(cli("inspect", "bulk", "--json").output)
         for r in bulk:
             r.get(timeout=30)

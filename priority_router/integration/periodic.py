@@ -1,0 +1,62 @@
+"""A worker's daemon thread that does one step every few seconds and says, once, when its
+steps start failing and when they work again (the ``max_wait`` sweeper, the gate's thread)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+logger = logging.getLogger("priority_router")
+
+
+class Periodic:
+    """Calls :meth:`step` every ``interval`` seconds on a daemon thread until stopped."""
+
+    #: What the step is, and what goes on without it, for the WARNING of a failure.
+    doing = "the step"
+    meanwhile = "nothing else changes"
+
+    def __init__(self, name: str, interval: float) -> None:
+        self.interval = interval
+        self._stopped = threading.Event()
+        self._failing = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def step(self) -> None:
+        raise NotImplementedError
+
+    def on_failure(self) -> None:
+        """Drop what a failed step may have left half open (a connection)."""
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stopped.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+        self.on_failure()
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self.interval):
+            try:
+                self.step()
+            except Exception as exc:
+                self.on_failure()
+                if not self._failing:
+                    logger.warning(
+                        "priority-router: %s failed (%s: %s); %s until it works again "
+                        "(retrying every %.2f s)",
+                        self.doing,
+                        type(exc).__name__,
+                        exc,
+                        self.meanwhile,
+                        self.interval,
+                    )
+                else:
+                    logger.debug("%s failed again", self.doing, exc_info=True)
+                self._failing = True
+                continue
+            if self._failing:
+                logger.warning("priority-router: %s works again", self.doing)
+                self._failing = False
