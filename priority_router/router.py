@@ -402,8 +402,8 @@ class PriorityRouter:
     def unset_default_tier(self) -> bool:
         self.follow_apps()
         with self._store("unset the default tier for", "every client"):
-            self.limit_store.set_default(NONE)
-            return self.tier_store.unset_default()
+            had_limits = self.limit_store.set_default(NONE)
+            return self.tier_store.unset_default() or had_limits
 
     def default_tier(self) -> Tier | None:
         self.follow_apps()

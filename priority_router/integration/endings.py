@@ -71,14 +71,17 @@ def unwatch_endings(app: Celery) -> None:
     _watched.pop(app, None)
 
 
-def end_document(router: PriorityRouter, fields: Any, task_id: object, app: Celery | None = None) -> bool:
+def end_document(
+    router: PriorityRouter, fields: Any, task_id: object, app: Celery | None = None, unadmitted: bool = False
+) -> bool:
     """End one document given its request (attributes) or headers (a mapping): free its
-    slot if the gate admitted it (``gate.py``), and in ``mode="inflight"`` take it off its
+    slot if the gate admitted it (``gate.py``; with ``unadmitted``, also a released one the
+    worker never admitted, as a revoked one), and in ``mode="inflight"`` take it off its
     client's list; True when this call ended it there.  Never raises."""
     if not isinstance(task_id, str) or not task_id:
         return False
-    if app is not None and _field(fields, H.GATED):
-        end_gated(app, router, _Fields(fields), task_id)
+    if app is not None and (unadmitted or _field(fields, H.GATED)):
+        end_gated(app, router, _Fields(fields), task_id, unadmitted)
     if router.inflight is None or not _field(fields, H.INFLIGHT):
         return False
     client = normalize_client_id(_field(fields, router.config.client_id_header))
@@ -137,7 +140,8 @@ def _on_revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
     app = getattr(sender, "app", None)
     router = _router(app)
     if router is not None and request is not None:
-        end_document(router, request, getattr(request, "id", None), app)
+        # Revoked on arrival, a released document never reached the gate: its slot goes.
+        end_document(router, request, getattr(request, "id", None), app, unadmitted=True)
 
 
 def _on_failure(sender: Any = None, task_id: Any = None, exception: Any = None, **_: Any) -> None:

@@ -127,7 +127,7 @@ def admit(app: Celery, router: PriorityRouter, request: Any) -> bool:
         return True
     router.index_quietly(client, verdict)
     worker_state.task_ready(request)
-    request.acknowledge()
+    _ack_now(request)
     reason = held_reason(verdict, limits)
     # Received again, with the reason: what Flower shows until the document is released.
     request.send_event("task-received", name=request.name, kwargs=annotate_held(request.kwargsrepr, reason))
@@ -135,6 +135,22 @@ def admit(app: Celery, router: PriorityRouter, request: Any) -> bool:
         router.metrics.record_held(verdict.state)
     logger.debug("priority-router: held %s of client %r: %s", request.id, client, reason)
     return False
+
+
+def _ack_now(request: Any) -> None:
+    """Acknowledge a held document's message at once.  ``request.acknowledge()`` queues the
+    ack on the worker's event loop, which on RabbitMQ sends it only at the loop's next
+    wake-up (often the next task's end, seconds later): until then the held message keeps
+    its prefetch slot.  The gate runs on that loop's thread, so it may write the ack itself."""
+    if request.acknowledged:
+        return
+    try:
+        request.message.ack()
+    except Exception as exc:
+        # The message comes back (RabbitMQ: at once; Redis: after visibility_timeout) and is
+        # then acknowledged as a duplicate of the held one.
+        logger.warning("priority-router: could not acknowledge held document %s (%s)", request.id, exc)
+    request.acknowledged = True
 
 
 def held_reason(verdict: Verdict, limits: Limits) -> str:
@@ -148,14 +164,19 @@ def held_reason(verdict: Verdict, limits: Limits) -> str:
     return f"held by its client's cap: max_cost_in_flight={limits.max_cost_in_flight:g} running"
 
 
-def end_gated(app: Celery, router: PriorityRouter, fields: Any, task_id: str) -> None:
-    """The end of a document the gate admitted: free its slot, release what may start."""
-    if not isinstance(fields, Mapping) or not fields.get(H.GATED):
+def end_gated(
+    app: Celery, router: PriorityRouter, fields: Any, task_id: str, unadmitted: bool = False
+) -> None:
+    """The end of a document the gate admitted (``unadmitted``: or may hold a place for,
+    when its client has limits): free its slot, release what may start."""
+    if not isinstance(fields, Mapping) or not (unadmitted or fields.get(H.GATED)):
         return
     client = client_of(router, fields)
     if client is None:
         return
     limits = router.limit_store.snapshot().of(client)
+    if unadmitted and not limits and not fields.get(H.GATED):
+        return
     borrow = 0
     if limits.borrow:
         queue = (fields.get("delivery_info") or {}).get("routing_key")

@@ -251,6 +251,9 @@ def status(ctx: click.Context, as_json: bool, app_name: str | None, limit: int |
         rows = [_row(router, s) for s in router.store.scan()]
         limited = bool(router.limit_store.snapshot())
         if limited:
+            # Clients whose count has reset may still have documents held.
+            listed = {r["client_id"] for r in rows}
+            rows += [_row(router, router.state(c)) for c in router.gate_store.holding() if c not in listed]
             for r in rows:
                 r["gate"] = _gate_row(router, r["client_id"])
     except Exception as exc:

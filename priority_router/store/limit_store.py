@@ -73,12 +73,15 @@ class LimitStore:
         stored = self._redis.hget(self._hash, client_id)
         return None if stored is None else decode(stored)
 
-    def set_default(self, limits: Limits) -> None:
+    def set_default(self, limits: Limits) -> bool:
+        """Store the default limits (none: remove them); True when some were stored before."""
+        had = bool(self._redis.exists(self._default))
         if limits:
             self._redis.set(self._default, limits.encode())
         else:
             self._redis.delete(self._default)
         self._redis.incr(self._version)
+        return had
 
     def get_default(self) -> Limits:
         stored = self._redis.get(self._default)

@@ -390,3 +390,12 @@ def test_bad_limits_are_refused_before_anything_is_stored(
     assert result.exit_code == 2
     assert says in result.output
     assert PriorityRouter(counter_url, key_prefix=key_prefix).tier("bulk") is None
+
+
+def test_unset_default_removes_default_limits_alone(
+    cli: Callable[..., Result], counter_url: str, key_prefix: str
+) -> None:
+    assert cli("tier", "set", "--default", "--max-in-flight", "5").exit_code == 0
+    result = cli("tier", "unset", "--default")
+    assert "default tier removed" in result.output
+    assert PriorityRouter(counter_url, key_prefix=key_prefix).limits("anyone") == Limits()

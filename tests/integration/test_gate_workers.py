@@ -334,3 +334,43 @@ def test_a_cap_combines_with_a_weight_in_the_inflight_mode_and_every_count_retur
     assert _most_at_once(done) <= 2
     assert router.state("bulk").counted == 0  # every held, released and run document was ended
     assert _settled(router, "bulk") == (0, 0)
+
+
+def test_a_held_document_revoked_gives_its_slot_back_when_released(
+    producer: Callable[[], Celery], runs: tuple[dict[str, str], redis.Redis]
+) -> None:
+    env, seen = runs
+    router = _router(env)
+    router.set_tier("bulk", max_in_flight=1)
+    app = producer()
+    first = _send(app, "bulk", 2, 1)[0]
+    revoked, last = _send(app, "bulk", 0, 2)
+    with running_worker(env, "--pool", "threads", "--concurrency", "2"):
+        _wait_held(router, "bulk", 2)
+        app.control.revoke(revoked.id)
+        ran = first.get(timeout=30)
+        after = last.get(timeout=30)
+    # The revoked document was released, found revoked, and its place freed at once: the
+    # next one did not wait for its lease (3 s) to run out.
+    assert after["started"] - ran["ended"] < 1.5
+    assert int(seen.hget(env["RUNS_KEY"], f"run:{revoked.id}") or 0) == 0
+    assert _settled(router, "bulk") == (0, 0)
+
+
+@BOTH_BROKERS
+def test_held_documents_free_their_prefetch_slot_at_once(
+    producer: Callable[[], Celery], runs: tuple[dict[str, str], redis.Redis]
+) -> None:
+    """With one slot left free by the cap, another client's document starts while the capped
+    client's long document runs: the held ones do not keep the worker's prefetch window."""
+    env, _ = runs
+    router = _router(env)
+    router.set_tier("bulk", max_in_flight=1)
+    app = producer()
+    long = _send(app, "bulk", 4, 1)[0]
+    _send(app, "bulk", 0, 3)
+    with running_worker(env, "--pool", "threads", "--concurrency", "2"):
+        _wait_held(router, "bulk", 3)
+        light = _send(app, "light", 0, 1)[0].get(timeout=30)
+        ran = long.get(timeout=30)
+    assert light["started"] < ran["ended"] - 1
