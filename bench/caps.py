@@ -289,7 +289,7 @@ def simulated(docs: list[Doc], limits: dict[str, dict[str, Any]], concurrency: i
     waits = [schedule["per_client"][c]["p95_wait"] for c in light]
     return {
         "light_p95": max(waits) if waits else 0.0,
-        "heavy_max_wait": schedule["per_client"][HEAVY]["max_wait"],
+        "makespan": schedule["makespan"],
     }
 
 
