@@ -369,7 +369,8 @@ def test_held_documents_free_their_prefetch_slot_at_once(
     app = producer()
     long = _send(app, "bulk", 4, 1)[0]
     _send(app, "bulk", 0, 3)
-    with running_worker(env, "--pool", "threads", "--concurrency", "2"):
+    # Without the worker's heartbeats, nothing but a task's end wakes its event loop.
+    with running_worker(env, "--pool", "threads", "--concurrency", "2", "--without-heartbeat"):
         _wait_held(router, "bulk", 3)
         light = _send(app, "light", 0, 1)[0].get(timeout=30)
         ran = long.get(timeout=30)
