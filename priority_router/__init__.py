@@ -6,6 +6,7 @@ from .config import RouterConfig
 from .decision import Decision, Reason
 from .errors import ConfigurationError, CounterUnavailable, PriorityRouterError
 from .integration.brokers import Transport, from_wire, to_wire
+from .limits import Limits
 from .policy import DOCBITS_THRESHOLDS, Policy, Threshold
 from .router import PriorityRouter
 from .tiers import Tier
@@ -17,6 +18,7 @@ __all__ = [
     "ConfigurationError",
     "CounterUnavailable",
     "Decision",
+    "Limits",
     "Policy",
     "PriorityRouter",
     "PriorityRouterError",

@@ -375,3 +375,23 @@ def test_held_documents_free_their_prefetch_slot_at_once(
         light = _send(app, "light", 0, 1)[0].get(timeout=30)
         ran = long.get(timeout=30)
     assert light["started"] < ran["ended"] - 1
+
+
+def test_a_cost_cap_counts_each_documents_cost(
+    producer: Callable[[], Celery], runs: tuple[dict[str, str], redis.Redis]
+) -> None:
+    from priority_router import headers as H
+
+    env, seen = runs
+    router = _router(env)
+    router.set_tier("scans", max_cost_in_flight=5)
+    app = producer()
+    docs = [
+        app.send_task(TRACK, kwargs={"seconds": 0.3, "client_id": "scans"}, headers={H.COST: 2})
+        for _ in range(6)
+    ]
+    with running_worker(env, "--pool", "threads", "--concurrency", "4"):
+        done = [d.get(timeout=60) for d in docs]
+    assert int(seen.hget(env["RUNS_KEY"], "max:scans") or 0) == 2  # 2 + 2 fit in 5, a third not
+    assert _most_at_once(done) == 2
+    assert router.gate_state("scans").running_units == 0
