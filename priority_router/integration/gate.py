@@ -36,8 +36,9 @@ from celery.worker import state as worker_state
 
 from .. import headers as H
 from ..limits import Limits
-from ..store.gate import Verdict
+from ..store.gate import RECHECK, Verdict
 from ..store.keys import normalize_client_id
+from ..store.limit_store import Snapshot
 from .flower import annotate_held
 from .periodic import Periodic
 from .redeliver import Unstorable, pack, publish
@@ -282,25 +283,39 @@ class GateThread(Periodic):
         self._consumer = consumer
         self._concurrency = concurrency
         self._renewed = 0.0
+        self._looked = 0.0
 
     def step(self) -> None:
         self.tick()
 
     def tick(self) -> None:
-        store, limits = self.router.gate_store, self.router.limit_store.snapshot()
+        limits = self.router.limit_store.snapshot()
         now = time.monotonic()
-        if now - self._renewed >= store.lease_ms / 3000:
+        if now - self._renewed >= self.router.gate_store.lease_ms / 3000:
             self._renewed = now
             running = gated_requests(self.router)
             if running:
-                store.renew(running)
+                self.router.gate_store.renew(running)
+        # Without any limit, only documents held before the limits went are left to release.
+        if limits or now - self._looked >= RECHECK:
+            self._looked = now
+            self._release_due(limits)
+        if limits.borrowing:
+            self._lend(limits)
+
+    def _release_due(self, limits: Snapshot) -> None:
+        store = self.router.gate_store
         for client, seen in store.due():
             verdict = store.end(client, "", limits.of(client))
             _republish(self.app, self.router, client, verdict.released)
             store.swept(client, seen, verdict)
+
+    def _lend(self, limits: Snapshot) -> None:
+        """This worker's idle slots to borrowing clients' held documents, while its queues are empty."""
         idle = self._concurrency - len(worker_state.reserved_requests)
         if idle <= 0:
             return
+        store = self.router.gate_store
         borrowing = [c for c in store.holding() if limits.of(c).borrow]
         if not borrowing or not _probe(self.app).empty(self._queues()):
             return

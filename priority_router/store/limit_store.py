@@ -44,6 +44,11 @@ class Snapshot:
     def __bool__(self) -> bool:
         return bool(self.default) or any(self.clients.values())
 
+    @property
+    def borrowing(self) -> bool:
+        """Whether any client may borrow idle slots."""
+        return self.default.borrow or any(limits.borrow for limits in self.clients.values())
+
 
 class LimitStore:
     """Reads and writes limits in the counter store."""
