@@ -203,12 +203,14 @@ def test_worker_start_says_mode_and_store_once(caplog: pytest.LogCaptureFixture)
 
     app = _app()
     app.conf.priority_router_mode = "inflight"
-    PriorityRouter(redis_url="redis://:secret@127.0.0.1:1/8", environ={}).install(app)
+    router = PriorityRouter(redis_url="redis://:secret@127.0.0.1:1/8", environ={})
+    router.install(app)
     consumer = _Worker(app)
     with caplog.at_level(logging.INFO, "priority_router"):
         worker_init.send(sender=_Worker(app, pool_cls="gevent", concurrency=20))
         worker_ready.send(sender=consumer)
         worker_ready.send(sender=consumer)
+    router.uninstall(app)  # stops the gate's thread the ready worker started
     lines = [r.getMessage() for r in caplog.records if "priority-router on" in r.getMessage()]
     assert len(lines) == 1, lines
     assert "mode=inflight" in lines[0] and "redis://:***@127.0.0.1:1/8" in lines[0]
