@@ -52,6 +52,7 @@ import redis  # noqa: E402
 from support.services import Worker  # noqa: E402
 
 from priority_router import PriorityRouter  # noqa: E402
+from priority_router.simulation.metrics import most_at_once  # noqa: E402
 from workers.app import create_app  # noqa: E402
 from workers.local_redis import RedisDatabases  # noqa: E402
 from workers.workload import HOLD, p95  # noqa: E402
@@ -204,16 +205,6 @@ def cleanup(app: Any, env: dict[str, str], dbs: RedisDatabases, task_ids: list[s
         broker.close()
 
 
-def most_at_once(reports: list[dict[str, Any]]) -> int:
-    """The most documents whose runs overlapped (an end before a start at the same instant)."""
-    events = sorted([(r["started_at"], 1) for r in reports] + [(r["finished_at"], -1) for r in reports])
-    running = most = 0
-    for _, step in events:
-        running += step
-        most = max(most, running)
-    return most
-
-
 def reports_of(run: Run, light: bool) -> list[tuple[Doc, float, dict[str, Any]]]:
     return [
         (doc, at, run.results[i])
@@ -231,7 +222,7 @@ def cap_figures(run: Run) -> dict[str, Any]:
         "limits": run.limits,
         "documents": len(run.results),
         "heavy_makespan": max(r["finished_at"] for _, _, r in heavy) - heavy_start,
-        "heavy_most_running": most_at_once([r for _, _, r in heavy]),
+        "heavy_most_running": most_at_once((r["started_at"], r["finished_at"]) for _, _, r in heavy),
         "heavy_gate_running_max": run.gate_running_max,
         "heavy_gate_held_max": run.gate_held_max,
         # Slot-seconds the heavy client left idle while it had work: what borrowing loses.

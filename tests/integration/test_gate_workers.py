@@ -20,6 +20,7 @@ from support.services import FAST_REDELIVERY, Worker, broker_db_url, running_wor
 
 from priority_router import PriorityRouter
 from priority_router.integration.redeliver import pack, publish
+from priority_router.simulation.metrics import most_at_once
 
 TRACK = "tests.track_running"
 BOTH_BROKERS = pytest.mark.parametrize(
@@ -61,12 +62,7 @@ def _send(app: Celery, client: str, seconds: float, n: int) -> list[Any]:
 
 def _most_at_once(results: list[dict[str, Any]]) -> int:
     """The most documents whose runs overlapped, from the runs that finished."""
-    events = sorted([(r["started"], 1) for r in results] + [(r["ended"], -1) for r in results])
-    running = most = 0
-    for _, step in events:
-        running += step
-        most = max(most, running)
-    return most
+    return most_at_once((r["started"], r["ended"]) for r in results)
 
 
 def _runs_of(seen: redis.Redis, env: dict[str, str], results: list[Any]) -> list[int]:
