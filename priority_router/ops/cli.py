@@ -16,213 +16,42 @@ other ``PRIORITY_ROUTER_*`` variables); passwords are never printed.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
-import os
 import shlex
 import sys
 from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ..config import MODES, RouterConfig
 from ..errors import ConfigurationError, CounterUnavailable, PriorityRouterError
 from ..redact import redact_url
-from ..router import PriorityRouter, installed_router
+from ..router import PriorityRouter
 from ..store.counter import CounterState
 from ..store.gate import held_by
 from ..tiers import Tier
+from .cli_context import (
+    TIERS_OFF_NOTE,
+    app_name_of,
+    app_option,
+    console,
+    emit_json,
+    fail,
+    json_option,
+    load_app,
+    main,
+    required_app,
+    router_app_option,
+    router_for,
+    store_options,
+)
 from .migration import Target
+from .simulate import simulate
+from .tier_cli import tier
 
-console = Console()
-
-app_option = click.option(
-    "-A", "--app", "app_name", default=None, help="The Celery app, as for `celery -A` (required)."
-)
-json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-router_app_option = click.option(
-    "-A",
-    "--app",
-    "app_name",
-    default=None,
-    help="Use the router installed on this Celery app (its Redis, key prefix and thresholds).",
-)
-
-
-class Context:
-    def __init__(
-        self,
-        redis_url: str | None,
-        key_prefix: str | None,
-        reset_interval: float | None,
-        mode: str | None = None,
-        app_name: str | None = None,
-    ) -> None:
-        #: ``-A`` given before the subcommand, as ``celery -A app worker`` has it.
-        self.app_name = app_name
-        self._overrides: dict[str, Any] = {
-            "redis_url": redis_url,
-            "key_prefix": key_prefix,
-            "reset_interval": reset_interval,
-            "mode": mode,
-        }
-        self._router: PriorityRouter | None = None
-        #: Store options typed on the command line (not read from the environment): with
-        #: ``-A``, these win over the app's own settings.
-        self.typed: dict[str, Any] = {}
-
-    def override(self, name: str, value: object) -> None:
-        """A store option given after the subcommand wins over one given before it."""
-        if value is not None:
-            self._overrides[name] = value
-            self.typed[name] = value
-            self._router = None
-
-    @property
-    def router(self) -> PriorityRouter:
-        if self._router is None:
-            self._router = _operator_router(RouterConfig.from_env(None, **self._overrides))
-        return self._router
-
-
-def _operator_router(config: RouterConfig) -> PriorityRouter:
-    # An operator's command may wait longer for Redis than a publish does.
-    return PriorityRouter.from_config(dataclasses.replace(config, connect_timeout=2.0, socket_timeout=5.0))
-
-
-def _fail(message: str, code: int = 1) -> None:
-    click.echo(f"priority-router: {message}", err=True)
-    sys.exit(code)
-
-
-def _emit_json(data: Any) -> None:
-    click.echo(json.dumps(data, indent=2, default=str))
-
-
-def _load_app(name: str) -> Any:
-    from celery.app.utils import find_app
-
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        return find_app(name)
-    except Exception as exc:
-        _fail(f"cannot load the Celery app {name!r} ({exc}); pass -A module or module:attribute", 2)
-
-
-def _after_subcommand(ctx: click.Context, param: click.Parameter, value: object) -> object:
-    context = ctx.find_object(Context)
-    if context is not None and param.name is not None:
-        context.override(param.name, value)
-    return value
-
-
-def store_options(command: Any) -> Any:
-    """The counter-store options, also accepted after the subcommand
-    (``priority-router status --redis-url ...``).  The environment is read once, by the group."""
-    for name, kind, text in (
-        ("--reset-interval", float, "Idle seconds before a client's count resets."),
-        ("--key-prefix", str, "Key prefix."),
-        ("--redis-url", str, "Counter store."),
-        ("--mode", click.Choice(MODES), "Counting mode (inflight: documents not yet finished)."),
-    ):
-        option = click.option(name, type=kind, help=text, expose_value=False, callback=_after_subcommand)
-        command = option(command)
-    return command
-
-
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option(
-    "--redis-url", envvar="PRIORITY_ROUTER_REDIS_URL", help="Counter store [PRIORITY_ROUTER_REDIS_URL]."
-)
-@click.option(
-    "--key-prefix", envvar="PRIORITY_ROUTER_KEY_PREFIX", help="Key prefix [PRIORITY_ROUTER_KEY_PREFIX]."
-)
-@click.option(
-    "--reset-interval",
-    type=float,
-    envvar="PRIORITY_ROUTER_RESET_INTERVAL",
-    help="Idle seconds before a client's count resets [PRIORITY_ROUTER_RESET_INTERVAL, 1500].",
-)
-@click.option(
-    "--mode",
-    type=click.Choice(MODES),
-    envvar="PRIORITY_ROUTER_MODE",
-    help="Counting mode: seed, or inflight (documents not yet finished) [PRIORITY_ROUTER_MODE, seed].",
-)
-@click.option(
-    "-A",
-    "--app",
-    "app_name",
-    default=None,
-    help="The Celery app, as for `celery -A` (before or after the subcommand).",
-)
-@click.version_option(package_name="priority-router")
-@click.pass_context
-def main(
-    ctx: click.Context,
-    redis_url: str | None,
-    key_prefix: str | None,
-    reset_interval: float | None,
-    mode: str | None,
-    app_name: str | None,
-) -> None:
-    """Inspect and manage priority-router's per-client priorities."""
-    ctx.obj = Context(redis_url, key_prefix, reset_interval, mode, app_name)
-    for name, value in (
-        ("redis_url", redis_url),
-        ("key_prefix", key_prefix),
-        ("reset_interval", reset_interval),
-        ("mode", mode),
-    ):
-        if value is not None and ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE:
-            ctx.obj.typed[name] = value
-
-
-def _app_name(ctx: click.Context, given: str | None) -> str | None:
-    """``-A`` after the subcommand, else the one before it."""
-    context = ctx.find_object(Context)
-    return given if given is not None or context is None else context.app_name
-
-
-def _required_app(ctx: click.Context, given: str | None) -> str:
-    name = _app_name(ctx, given)
-    if name is None:
-        raise click.UsageError("Missing option '-A' / '--app': the Celery app, as for `celery -A`.")
-    return name
-
-
-def _router(ctx: click.Context, app_name: str | None = None) -> PriorityRouter:
-    app_name = _app_name(ctx, app_name)
-    if app_name is not None:
-        installed = installed_router(_load_app(app_name))
-        if installed is None:
-            _fail(f"no PriorityRouter is installed on {app_name!r}; call install(app) where it is created", 2)
-            raise AssertionError  # unreachable
-        # The app's own priority_router_* settings (a celeryconfig module, Django's
-        # CELERY_PRIORITY_ROUTER_*) count only once the app has loaded its configuration.
-        config = installed.follow_apps().config
-        context = ctx.find_object(Context)
-        typed = {k: v for k, v in (context.typed if context else {}).items() if getattr(config, k) != v}
-        if typed:
-            try:
-                config = dataclasses.replace(config, **typed)
-            except ConfigurationError as exc:
-                _fail(str(exc), 2)
-            given = ", ".join(f"--{k.replace('_', '-')} {redact_url(str(v))}" for k, v in typed.items())
-            click.echo(f"priority-router: {given} given: used instead of {app_name!r}'s setting", err=True)
-        return _operator_router(config)
-    try:
-        context = ctx.find_object(Context)
-        assert context is not None, "priority-router commands run under the main group"
-        return context.router
-    except ConfigurationError as exc:
-        _fail(str(exc), 2)
-        raise  # unreachable
+__all__ = ["main"]
 
 
 def _row(router: PriorityRouter, state: CounterState) -> dict[str, Any]:
@@ -246,7 +75,7 @@ def _row(router: PriorityRouter, state: CounterState) -> dict[str, Any]:
 @click.pass_context
 def status(ctx: click.Context, as_json: bool, app_name: str | None, limit: int | None) -> None:
     """Every tracked client: pending count, priority, last update, time to reset."""
-    router = _router(ctx, app_name)
+    router = router_for(ctx, app_name)
     try:
         rows = [_row(router, s) for s in router.store.scan()]
         limited = bool(router.limit_store.snapshot())
@@ -257,13 +86,13 @@ def status(ctx: click.Context, as_json: bool, app_name: str | None, limit: int |
             for r in rows:
                 r["gate"] = _gate_row(router, r["client_id"])
     except Exception as exc:
-        _fail(f"cannot read {redact_url(router.config.redis_url)}: {exc}")
+        fail(f"cannot read {redact_url(router.config.redis_url)}: {exc}")
     rows.sort(key=lambda r: (r["priority"], -r["pending"], r["client_id"]))
     tracked = len(rows)
     if limit is not None:
         rows = rows[:limit]
     if as_json:
-        _emit_json(rows)
+        emit_json(rows)
         return
     table = Table(title=f"priority-router clients at {redact_url(router.config.redis_url)}")
     inflight = router.inflight is not None
@@ -285,7 +114,7 @@ def status(ctx: click.Context, as_json: bool, app_name: str | None, limit: int |
     console.print(table)
     shown = f", {len(rows)} shown" if len(rows) < tracked else ""
     console.print(f"{tracked} client(s) tracked in the {router.config.mode} mode{shown}")
-    if not tracked and _app_name(ctx, app_name) is None:
+    if not tracked and app_name_of(ctx, app_name) is None:
         other = "seed" if inflight else "inflight"
         console.print(f"(a router in the {other} mode keeps other keys: add --mode {other}, or -A your app)")
 
@@ -309,20 +138,20 @@ def _seconds(value: float | None) -> str:
 @click.pass_context
 def inspect(ctx: click.Context, client: str, as_json: bool, app_name: str | None) -> None:
     """One client's pending count, priority and tier (read-only)."""
-    router = _router(ctx, app_name)
+    router = router_for(ctx, app_name)
     try:
         state = router.state(client)
     except ValueError as exc:
-        _fail(str(exc), 2)
+        fail(str(exc), 2)
     except Exception as exc:
-        _fail(f"cannot read {redact_url(router.config.redis_url)}: {exc}")
+        fail(f"cannot read {redact_url(router.config.redis_url)}: {exc}")
     row = _row(router, state)
     row["tracked"] = state.ttl_ms is not None
     row["key"] = state.key
     try:
         row["tier"], applied = _tier_in_effect(router, state.client_id)
     except CounterUnavailable as exc:
-        _fail(str(exc))
+        fail(str(exc))
     # What peek() gives: the priority at the current count with the tier; the table's beside it.
     row["table_priority"] = row["priority"]
     if applied is not None and router.config.tiers:
@@ -332,11 +161,11 @@ def inspect(ctx: click.Context, client: str, as_json: bool, app_name: str | None
     try:
         gate = _gate_row(router, state.client_id)
     except CounterUnavailable as exc:
-        _fail(str(exc))
+        fail(str(exc))
     if gate is not None:
         row["gate"] = gate
     if as_json:
-        _emit_json(row)
+        emit_json(row)
         return
     table = Table(show_header=False)
     for key, value in row.items():
@@ -361,10 +190,6 @@ def _gate_row(router: PriorityRouter, client_id: str) -> dict[str, Any] | None:
         "held_by": held_by(state, limits),
         "limits": limits.describe() or None,
     }
-
-
-#: Said wherever a tier is shown for a router configured without tiers.
-TIERS_OFF_NOTE = "This router has tiers=False: its publishers ignore every tier."
 
 
 def _tier_in_effect(router: PriorityRouter, client_id: str) -> tuple[str | None, Tier | None]:
@@ -401,26 +226,26 @@ def _tier_in_effect(router: PriorityRouter, client_id: str) -> tuple[str | None,
 def reset(ctx: click.Context, client: str | None, everyone: bool, yes: bool, app_name: str | None) -> None:
     """Forget CLIENT's count (or every client's with --all): next document at pending 0."""
     if everyone == (client is not None):
-        _fail("name one CLIENT, or pass --all (not both)", 2)
-    router = _router(ctx, app_name)
+        fail("name one CLIENT, or pass --all (not both)", 2)
+    router = router_for(ctx, app_name)
     if everyone:
         if not yes:
-            _fail("reset --all forgets every client's count; add --yes to confirm", 2)
+            fail("reset --all forgets every client's count; add --yes to confirm", 2)
         try:
             deleted = router.store.clear_all()
         except Exception as exc:
-            _fail(f"cannot reset at {redact_url(router.config.redis_url)}: {exc}")
+            fail(f"cannot reset at {redact_url(router.config.redis_url)}: {exc}")
         click.echo(f"reset {deleted} client(s)")
         return
     assert client is not None
     if not yes and not click.confirm(f"Reset the pending count of {client!r}?", default=False):
-        _fail("nothing reset", 1)
+        fail("nothing reset", 1)
     try:
         had = router.reset(client)
     except ValueError as exc:
-        _fail(str(exc), 2)
+        fail(str(exc), 2)
     except CounterUnavailable as exc:
-        _fail(str(exc))
+        fail(str(exc))
     click.echo(f"reset {client!r}" if had else f"{client!r} had no count; nothing to reset")
 
 
@@ -433,16 +258,16 @@ def queues(ctx: click.Context, app_name: str | None, as_json: bool) -> None:
     from ..integration.brokers import Transport, from_wire
     from .queues import queue_depths
 
-    app_name = _required_app(ctx, app_name)
-    app = _load_app(app_name)
+    app_name = required_app(ctx, app_name)
+    app = load_app(app_name)
     try:
         depths = queue_depths(app)
     except PriorityRouterError as exc:
-        _fail(str(exc), 2)
+        fail(str(exc), 2)
     except Exception as exc:
-        _fail(f"cannot read the broker: {exc}")
+        fail(f"cannot read the broker: {exc}")
     if as_json:
-        _emit_json(
+        emit_json(
             {
                 "transport": depths.transport.value,
                 "unacked": depths.unacked,
@@ -508,19 +333,19 @@ def doctor(
     from ..integration.pools import pool_named
     from .doctor import diagnose
 
-    app_name = _required_app(ctx, app_name)
-    app = _load_app(app_name)
+    app_name = required_app(ctx, app_name)
+    app = load_app(app_name)
     try:
         worker_pool = pool_named(pool or app.conf.worker_pool, concurrency or app.conf.worker_concurrency)
     except Exception as exc:
-        _fail(f"unknown worker pool {pool!r} ({exc}); use prefork, threads, solo, gevent or eventlet", 2)
+        fail(f"unknown worker pool {pool!r} ({exc}); use prefork, threads, solo, gevent or eventlet", 2)
     try:
         findings = diagnose(app, worker_pool)
     except PriorityRouterError as exc:
-        _fail(str(exc), 2)
+        fail(str(exc), 2)
     problems = [f for f in findings if not f.ok]
     if as_json:
-        _emit_json([dataclasses.asdict(f) for f in findings])
+        emit_json([dataclasses.asdict(f) for f in findings])
     else:
         table = Table(title=f"priority-router doctor: {app_name}")
         for column in ("check", "", "detail", "fix"):
@@ -593,13 +418,13 @@ def migrate(
                 app, queue, Target(target), dry_run=dry_run, publishers_stopped=publishers_stopped
             )
     except PriorityRouterError as exc:
-        _fail(str(exc), 2)
+        fail(str(exc), 2)
     except Exception as exc:
-        _fail(f"the migration of {queue!r} stopped: {exc}; fix that and run the same command again")
+        fail(f"the migration of {queue!r} stopped: {exc}; fix that and run the same command again")
     finally:
         log.removeHandler(steps)
     if as_json:
-        _emit_json(report.as_dict())
+        emit_json(report.as_dict())
         return
     for note in report.notes:
         click.echo(f"note: {note}")
@@ -608,7 +433,7 @@ def migrate(
 
 
 def _migration_app(ctx: click.Context, app_name: str | None, broker_url: str | None) -> Any:
-    name = _app_name(ctx, app_name)
+    name = app_name_of(ctx, app_name)
     if broker_url is not None:
         if name is not None:
             raise click.UsageError("give either -A / --app or -b / --broker, not both")
@@ -617,7 +442,7 @@ def _migration_app(ctx: click.Context, app_name: str | None, broker_url: str | N
         return Celery("priority-router-migrate", broker=broker_url, set_as_current=False)
     if name is None:
         raise click.UsageError("Missing option '-A' / '--app' (or '-b' / '--broker' with the broker URL).")
-    return _load_app(name)
+    return load_app(name)
 
 
 @main.command()
@@ -637,7 +462,7 @@ def demo(
     the installed package: run it from a checkout (``make demo``).
     """
     if min(heavy, light_clients, light_docs, workers, threads) < 1 or doc_ms <= 0:
-        _fail("every count must be at least 1 and --doc-ms positive", 2)
+        fail("every count must be at least 1 and --doc-ms positive", 2)
     root = _repository()
     sys.path.insert(0, str(root))
     from workers.demo import Workload, run_demo
@@ -653,22 +478,16 @@ def _repository() -> Path:
     """The priority-router checkout this command runs from (an editable install)."""
     root = Path(__file__).resolve().parents[2]
     if not (root / "workers" / "demo.py").is_file() or not (root / "pyproject.toml").is_file():
-        _fail(
+        fail(
             "the demo runs from a checkout of the priority-router repository, whose workers/ folder "
             "holds the example workers: clone it and run `make demo` there",
             2,
         )
     loaded = sys.modules.get("workers")
     if loaded is not None and Path(getattr(loaded, "__file__", "") or "").parent != root / "workers":
-        _fail(f"another package named 'workers' is already imported ({loaded!r})", 2)
+        fail(f"another package named 'workers' is already imported ({loaded!r})", 2)
     return root
 
 
-# At the end: simulate.py imports nothing from here, but the command joins this group.
-from .simulate import simulate  # noqa: E402
-
 main.add_command(simulate)
-
-# tier_cli.py uses this module's helpers, all defined by now; its group joins ``main``
-# itself, so importing either module first works.
-from . import tier_cli  # noqa: E402, F401
+main.add_command(tier)

@@ -6,8 +6,8 @@
     priority-router tier unset acme | tier unset --default
     priority-router tier list [--json]
 
-The store options and ``-A app`` work as for ``status``.  ``cli.py`` imports this module
-last, and the group joins ``main`` here.
+The store options and ``-A app`` work as for ``status``; ``cli.py`` adds the group to
+``main``.
 """
 
 from __future__ import annotations
@@ -26,15 +26,14 @@ from ..store.keys import normalize_client_id
 from ..store.limit_store import LIMITS_REFRESH
 from ..store.tier_store import DEFAULT_TIER_REFRESH
 from ..tiers import Tier
-from .cli import (
+from .cli_context import (
     TIERS_OFF_NOTE,
-    _emit_json,
-    _fail,
-    _router,
     console,
+    emit_json,
+    fail,
     json_option,
-    main,
     router_app_option,
+    router_for,
     store_options,
 )
 
@@ -42,7 +41,7 @@ from .cli import (
 IGNORED_NOTE = "Publishers with tiers=False ignore tiers."
 
 
-@main.group()
+@click.group()
 def tier() -> None:
     """Per-client tiers: a weight, a shift or a fixed priority, changed without a deploy.
 
@@ -59,7 +58,7 @@ def tier() -> None:
 
 def _target(client: str | None, default: bool) -> None:
     if default == (client is not None):
-        _fail("name one CLIENT, or pass --default for the default tier (not both)", 2)
+        fail("name one CLIENT, or pass --default for the default tier (not both)", 2)
 
 
 @tier.command("set")
@@ -119,15 +118,15 @@ def set_tier(
     )
     given = weight is not None or shift is not None or fixed is not None or limited
     if neutral and given:
-        _fail("--neutral stores a tier that changes nothing; give it alone, or drop it", 2)
+        fail("--neutral stores a tier that changes nothing; give it alone, or drop it", 2)
     if not neutral and not given:
-        _fail(
+        fail(
             "give --weight, --shift, --fixed and/or a limit (--max-in-flight, --rate; or --neutral to "
             "exempt CLIENT from the default tier)",
             2,
         )
     if neutral and default:
-        _fail(
+        fail(
             "a neutral default tier changes nothing; to remove the default tier, run "
             "`priority-router tier unset --default`",
             2,
@@ -136,8 +135,8 @@ def set_tier(
         limits = Limits(max_in_flight, borrow, rate, burst, max_cost_in_flight)
         chosen = Tier(1.0 if weight is None else weight, 0 if shift is None else shift, fixed, limits)
     except ConfigurationError as exc:
-        _fail(str(exc), 2)
-    router = _router(ctx, app_name)
+        fail(str(exc), 2)
+    router = router_for(ctx, app_name)
     settings = {
         "weight": chosen.weight,
         "shift": chosen.shift,
@@ -152,9 +151,9 @@ def set_tier(
             before = _own_text(router, client)
             router.set_tier(client, **settings)
     except CounterUnavailable as exc:
-        _fail(str(exc))
+        fail(str(exc))
     except ValueError as exc:  # not a client id
-        _fail(str(exc), 2)
+        fail(str(exc), 2)
     click.echo(f"{'default' if client is None else _shown_id(client)}: {chosen.describe()} (was: {before})")
     if client is None:
         click.echo(
@@ -194,7 +193,7 @@ def limits_settings(limits: Limits) -> dict[str, Any]:
 def unset(ctx: click.Context, client: str | None, default: bool, app_name: str | None) -> None:
     """Remove CLIENT's own tier (the default tier applies again), or the default tier."""
     _target(client, default)
-    router = _router(ctx, app_name)
+    router = router_for(ctx, app_name)
     try:
         if client is None:
             had = router.unset_default_tier()
@@ -211,9 +210,9 @@ def unset(ctx: click.Context, client: str | None, default: bool, app_name: str |
         else:
             message = f"{_shown_id(client)} had no tier of its own; nothing removed"
     except CounterUnavailable as exc:
-        _fail(str(exc))
+        fail(str(exc))
     except ValueError as exc:  # not a client id
-        _fail(str(exc), 2)
+        fail(str(exc), 2)
     click.echo(message)
 
 
@@ -224,7 +223,7 @@ def unset(ctx: click.Context, client: str | None, default: bool, app_name: str |
 @click.pass_context
 def list_tiers(ctx: click.Context, as_json: bool, app_name: str | None) -> None:
     """Every client with a tier of its own, sorted, and the default tier."""
-    router = _router(ctx, app_name)
+    router = router_for(ctx, app_name)
     try:
         limits = router.limit_store.all()
         rows = sorted(
@@ -239,10 +238,10 @@ def list_tiers(ctx: click.Context, as_json: bool, app_name: str | None) -> None:
         except ConfigurationError as exc:
             stored_default = exc
     except Exception as exc:
-        _fail(f"cannot read {redact_url(router.config.redis_url)}: {exc}")
+        fail(f"cannot read {redact_url(router.config.redis_url)}: {exc}")
     default_row = None if stored_default is None else _tier_row(stored_default)
     if as_json:
-        _emit_json({"clients": rows, "default": default_row})
+        emit_json({"clients": rows, "default": default_row})
         return
     # A heading of its own: a title would wrap to the width of this narrow table.
     console.print(f"priority-router tiers at {escape(redact_url(router.config.redis_url))}")

@@ -1,0 +1,208 @@
+"""The ``priority-router`` group and what its commands share: the counter-store options
+(accepted before or after the subcommand), ``-A`` and ``--json``, the router a command uses,
+and how a command fails.  The commands live in ``cli.py``, ``tier_cli.py`` and ``simulate.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from typing import Any, NoReturn
+
+import click
+from rich.console import Console
+
+from ..config import MODES, RouterConfig
+from ..errors import ConfigurationError
+from ..redact import redact_url
+from ..router import PriorityRouter, installed_router
+
+console = Console()
+
+app_option = click.option(
+    "-A", "--app", "app_name", default=None, help="The Celery app, as for `celery -A` (required)."
+)
+json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+router_app_option = click.option(
+    "-A",
+    "--app",
+    "app_name",
+    default=None,
+    help="Use the router installed on this Celery app (its Redis, key prefix and thresholds).",
+)
+
+
+class Context:
+    def __init__(
+        self,
+        redis_url: str | None,
+        key_prefix: str | None,
+        reset_interval: float | None,
+        mode: str | None = None,
+        app_name: str | None = None,
+    ) -> None:
+        #: ``-A`` given before the subcommand, as ``celery -A app worker`` has it.
+        self.app_name = app_name
+        self._overrides: dict[str, Any] = {
+            "redis_url": redis_url,
+            "key_prefix": key_prefix,
+            "reset_interval": reset_interval,
+            "mode": mode,
+        }
+        self._router: PriorityRouter | None = None
+        #: Store options typed on the command line (not read from the environment): with
+        #: ``-A``, these win over the app's own settings.
+        self.typed: dict[str, Any] = {}
+
+    def override(self, name: str, value: object) -> None:
+        """A store option given after the subcommand wins over one given before it."""
+        if value is not None:
+            self._overrides[name] = value
+            self.typed[name] = value
+            self._router = None
+
+    @property
+    def router(self) -> PriorityRouter:
+        if self._router is None:
+            self._router = operator_router(RouterConfig.from_env(None, **self._overrides))
+        return self._router
+
+
+def operator_router(config: RouterConfig) -> PriorityRouter:
+    # An operator's command may wait longer for Redis than a publish does.
+    return PriorityRouter.from_config(dataclasses.replace(config, connect_timeout=2.0, socket_timeout=5.0))
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    click.echo(f"priority-router: {message}", err=True)
+    sys.exit(code)
+
+
+def emit_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, default=str))
+
+
+def load_app(name: str) -> Any:
+    from celery.app.utils import find_app
+
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        return find_app(name)
+    except Exception as exc:
+        fail(f"cannot load the Celery app {name!r} ({exc}); pass -A module or module:attribute", 2)
+
+
+def _after_subcommand(ctx: click.Context, param: click.Parameter, value: object) -> object:
+    context = ctx.find_object(Context)
+    if context is not None and param.name is not None:
+        context.override(param.name, value)
+    return value
+
+
+def store_options(command: Any) -> Any:
+    """The counter-store options, also accepted after the subcommand
+    (``priority-router status --redis-url ...``).  The environment is read once, by the group."""
+    for name, kind, text in (
+        ("--reset-interval", float, "Idle seconds before a client's count resets."),
+        ("--key-prefix", str, "Key prefix."),
+        ("--redis-url", str, "Counter store."),
+        ("--mode", click.Choice(MODES), "Counting mode (inflight: documents not yet finished)."),
+    ):
+        option = click.option(name, type=kind, help=text, expose_value=False, callback=_after_subcommand)
+        command = option(command)
+    return command
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--redis-url", envvar="PRIORITY_ROUTER_REDIS_URL", help="Counter store [PRIORITY_ROUTER_REDIS_URL]."
+)
+@click.option(
+    "--key-prefix", envvar="PRIORITY_ROUTER_KEY_PREFIX", help="Key prefix [PRIORITY_ROUTER_KEY_PREFIX]."
+)
+@click.option(
+    "--reset-interval",
+    type=float,
+    envvar="PRIORITY_ROUTER_RESET_INTERVAL",
+    help="Idle seconds before a client's count resets [PRIORITY_ROUTER_RESET_INTERVAL, 1500].",
+)
+@click.option(
+    "--mode",
+    type=click.Choice(MODES),
+    envvar="PRIORITY_ROUTER_MODE",
+    help="Counting mode: seed, or inflight (documents not yet finished) [PRIORITY_ROUTER_MODE, seed].",
+)
+@click.option(
+    "-A",
+    "--app",
+    "app_name",
+    default=None,
+    help="The Celery app, as for `celery -A` (before or after the subcommand).",
+)
+@click.version_option(package_name="priority-router")
+@click.pass_context
+def main(
+    ctx: click.Context,
+    redis_url: str | None,
+    key_prefix: str | None,
+    reset_interval: float | None,
+    mode: str | None,
+    app_name: str | None,
+) -> None:
+    """Inspect and manage priority-router's per-client priorities."""
+    ctx.obj = Context(redis_url, key_prefix, reset_interval, mode, app_name)
+    for name, value in (
+        ("redis_url", redis_url),
+        ("key_prefix", key_prefix),
+        ("reset_interval", reset_interval),
+        ("mode", mode),
+    ):
+        if value is not None and ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE:
+            ctx.obj.typed[name] = value
+
+
+def app_name_of(ctx: click.Context, given: str | None) -> str | None:
+    """``-A`` after the subcommand, else the one before it."""
+    context = ctx.find_object(Context)
+    return given if given is not None or context is None else context.app_name
+
+
+def required_app(ctx: click.Context, given: str | None) -> str:
+    name = app_name_of(ctx, given)
+    if name is None:
+        raise click.UsageError("Missing option '-A' / '--app': the Celery app, as for `celery -A`.")
+    return name
+
+
+def router_for(ctx: click.Context, app_name: str | None = None) -> PriorityRouter:
+    app_name = app_name_of(ctx, app_name)
+    if app_name is not None:
+        installed = installed_router(load_app(app_name))
+        if installed is None:
+            fail(f"no PriorityRouter is installed on {app_name!r}; call install(app) where it is created", 2)
+        # The app's own priority_router_* settings (a celeryconfig module, Django's
+        # CELERY_PRIORITY_ROUTER_*) count only once the app has loaded its configuration.
+        config = installed.follow_apps().config
+        context = ctx.find_object(Context)
+        typed = {k: v for k, v in (context.typed if context else {}).items() if getattr(config, k) != v}
+        if typed:
+            try:
+                config = dataclasses.replace(config, **typed)
+            except ConfigurationError as exc:
+                fail(str(exc), 2)
+            given = ", ".join(f"--{k.replace('_', '-')} {redact_url(str(v))}" for k, v in typed.items())
+            click.echo(f"priority-router: {given} given: used instead of {app_name!r}'s setting", err=True)
+        return operator_router(config)
+    try:
+        context = ctx.find_object(Context)
+        assert context is not None, "priority-router commands run under the main group"
+        return context.router
+    except ConfigurationError as exc:
+        fail(str(exc), 2)
+
+
+#: Said wherever a tier is shown for a router configured without tiers.
+TIERS_OFF_NOTE = "This router has tiers=False: its publishers ignore every tier."
