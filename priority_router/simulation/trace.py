@@ -83,15 +83,6 @@ class Trace:
     def __len__(self) -> int:
         return len(self.client)
 
-    @property
-    def closed_loop(self) -> bool:
-        """Whether some document is published when another one finishes."""
-        return any(a >= 0 for a in self.after)
-
-    def group_names(self) -> list[str]:
-        """Every group, in the order of their first client."""
-        return list(dict.fromkeys(self.groups))
-
 
 class TraceBuilder:
     """Collects documents one by one and interns client ids."""

@@ -43,7 +43,7 @@ class Layout:
     client_of: Callable[[str, str], str | None]
     #: What follows the ``{token}`` in this mode's keys ("" for none).
     suffix: str
-    #: The command that reads a key's value ("get", "scard").
+    #: The command that reads a key's value ("get" for a seed counter, "llen" for a list).
     read: str
     #: ``documents(value)``: the documents a value counts; None when there is no state.
     documents: Callable[[Any], int | None]
