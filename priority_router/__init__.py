@@ -7,14 +7,14 @@ from .decision import Decision, Reason
 from .errors import ConfigurationError, CounterUnavailable, PriorityRouterError
 from .integration.brokers import Transport, from_wire, to_wire
 from .limits import Limits
-from .policy import DOCBITS_THRESHOLDS, Policy, Threshold
+from .policy import DEFAULT_THRESHOLDS, Policy, Threshold, deprecated
 from .router import PriorityRouter
 from .tiers import Tier
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "DOCBITS_THRESHOLDS",
+    "DEFAULT_THRESHOLDS",
     "ConfigurationError",
     "CounterUnavailable",
     "Decision",
@@ -31,3 +31,7 @@ __all__ = [
     "from_wire",
     "to_wire",
 ]
+
+
+def __getattr__(name: str) -> object:
+    return deprecated(__name__, name)

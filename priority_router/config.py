@@ -17,7 +17,7 @@ from dataclasses import Field, dataclass, field, fields
 from typing import Any
 
 from .errors import ConfigurationError
-from .policy import DOCBITS_THRESHOLDS, Policy, check_priority
+from .policy import DEFAULT_THRESHOLDS, Policy, check_priority
 
 #: Called as ``getter(task_name, args, kwargs, headers)``; returns a client id or None.
 ClientIdGetter = Callable[[str, tuple[Any, ...], dict[str, Any], dict[str, Any]], object]
@@ -44,7 +44,7 @@ class RouterConfig:
 
     redis_url: str = "redis://localhost:6379/0"
     reset_interval: float = 1500.0
-    thresholds: Policy = field(default=DOCBITS_THRESHOLDS, metadata=_PYTHON_ONLY)
+    thresholds: Policy = field(default=DEFAULT_THRESHOLDS, metadata=_PYTHON_ONLY)
     default_priority: int = 5
     key_prefix: str = "priority-router:"
     client_id_header: str = "client_id"
@@ -294,7 +294,7 @@ def _policy(value: object) -> Policy:
     raise ConfigurationError(
         "thresholds",
         f"{value!r} is not a threshold table",
-        "pass a Policy or (limit, priority) rows, e.g. DOCBITS_THRESHOLDS",
+        "pass a Policy or (limit, priority) rows, e.g. DEFAULT_THRESHOLDS",
     )
 
 

@@ -5,6 +5,7 @@ Logical priority 1 is the most urgent and 9 the least, whatever the broker.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from itertools import pairwise
@@ -68,7 +69,7 @@ class Policy:
                 "thresholds",
                 f"limits {limits} are not strictly increasing",
                 "order rows from the lowest limit (least urgent) up, each limit distinct, "
-                "as in DOCBITS_THRESHOLDS",
+                "as in DEFAULT_THRESHOLDS",
             )
         check_priority("thresholds fallback", self.fallback)
         deepest = -rows[0].below
@@ -121,7 +122,23 @@ def check_priority(setting: str, priority: object) -> None:
 
 
 #: The specified table (docs/scheme.md): 9 if pending < -20, 8 if < -14, ... 1 otherwise.
-DOCBITS_THRESHOLDS = Policy.from_rows(
+DEFAULT_THRESHOLDS = Policy.from_rows(
     [(-20, 9), (-14, 8), (-12, 7), (-10, 6), (-8, 5), (-6, 4), (-4, 3), (-2, 2)],
     fallback=MOST_URGENT,
 )
+
+#: Old names still importable, each with a DeprecationWarning naming the new one.
+DEPRECATED = {"DOCBITS_THRESHOLDS": "DEFAULT_THRESHOLDS"}
+
+
+def deprecated(module: str, name: str) -> object:
+    """The value an old name stands for, with a DeprecationWarning; AttributeError if none."""
+    new = DEPRECATED.get(name)
+    if new is None:
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+    warnings.warn(f"{name} is deprecated: use {new}", DeprecationWarning, stacklevel=3)
+    return globals()[new]
+
+
+def __getattr__(name: str) -> object:
+    return deprecated(__name__, name)

@@ -23,7 +23,7 @@ from rich.markup import escape
 from ..config import RouterConfig
 from ..errors import ConfigurationError
 from ..limits import Limits
-from ..policy import DOCBITS_THRESHOLDS, MOST_URGENT, Policy
+from ..policy import DEFAULT_THRESHOLDS, MOST_URGENT, Policy
 from ..simulation.compare import compare
 from ..simulation.costs import BASES, MAX_COST, counted_by
 from ..simulation.gate import GATE_TICK
@@ -47,7 +47,7 @@ THRESHOLDS_HELP = (
     "The threshold table as LIMIT:PRIORITY rows, lowest limit first, priority applying when "
     "pending < LIMIT; an optional fallback:PRIORITY for counts under no limit (default 1). "
     "Default: the scheme's table, "
-    + ",".join(f"{r.below}:{r.priority}" for r in DOCBITS_THRESHOLDS.thresholds)
+    + ",".join(f"{r.below}:{r.priority}" for r in DEFAULT_THRESHOLDS.thresholds)
 )
 BOUNDED = tuple(p for p in POLICIES if p.endswith("+max_wait"))
 #: The policies tiers apply to: the router's; fifo, rr and drr have no priorities.

@@ -13,7 +13,7 @@ import pytest
 import redis
 from support.redis_wire import record_sends, send_cut_before_exec
 
-from priority_router import DOCBITS_THRESHOLDS, CounterUnavailable, PriorityRouter
+from priority_router import DEFAULT_THRESHOLDS, CounterUnavailable, PriorityRouter
 from priority_router.store.counter import Counter
 from priority_router.store.schema import schema_key
 
@@ -134,7 +134,7 @@ def test_concurrent_checks_lose_no_update(client: redis.Redis, key_prefix: str) 
     for t in threads:
         t.join()
     assert router.peek("shared").pending == -599
-    sequential = [DOCBITS_THRESHOLDS.priority_for(1 - n) for n in range(1, 601)]
+    sequential = [DEFAULT_THRESHOLDS.priority_for(1 - n) for n in range(1, 601)]
     assert Multiset(results) == Multiset(sequential)
 
 

@@ -9,7 +9,7 @@ import pytest
 import redis
 from support.redis_wire import record_sends
 
-from priority_router import DOCBITS_THRESHOLDS, PriorityRouter
+from priority_router import DEFAULT_THRESHOLDS, PriorityRouter
 from priority_router.errors import ConfigurationError
 from priority_router.limits import Limits
 from priority_router.tiers import Tier, decode
@@ -211,7 +211,7 @@ def test_stored_form_round_trips() -> None:
     assert Tier(2, -1).describe() == "weight=2 shift=-1" and Tier().describe() == "neutral"
     with pytest.raises(ConfigurationError, match="tier set"):
         decode("w=2;w=3")
-    assert Tier(fixed=5).priority(-100, DOCBITS_THRESHOLDS) == 5
+    assert Tier(fixed=5).priority(-100, DEFAULT_THRESHOLDS) == 5
 
 
 def test_a_neutral_default_tier_is_refused_as_the_cli_refuses_it(

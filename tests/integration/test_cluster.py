@@ -25,7 +25,7 @@ from support.cluster import LocalCluster, require_cluster_programs, running_clus
 from support.services import broker_db_url, close_app
 
 from priority_router import (
-    DOCBITS_THRESHOLDS,
+    DEFAULT_THRESHOLDS,
     ConfigurationError,
     CounterUnavailable,
     PriorityRouter,
@@ -194,7 +194,7 @@ def test_concurrent_publishers_lose_no_update(router: PriorityRouter) -> None:
     for t in threads:
         t.join()
     assert router.peek("shared").pending == -399
-    assert sorted(results) == sorted(DOCBITS_THRESHOLDS.priority_for(1 - n) for n in range(1, 401))
+    assert sorted(results) == sorted(DEFAULT_THRESHOLDS.priority_for(1 - n) for n in range(1, 401))
 
 
 def test_scan_and_clear_all_cover_every_master(

@@ -32,7 +32,7 @@ from support.services import (
     start_embedded_redis,
 )
 
-from priority_router import DOCBITS_THRESHOLDS, PriorityRouter, Transport, from_wire
+from priority_router import DEFAULT_THRESHOLDS, PriorityRouter, Transport, from_wire
 from priority_router import headers as H
 from workers.app import create_app
 
@@ -160,7 +160,7 @@ def test_concurrent_publisher_processes_lose_no_update(redis_server_url: str, ke
     checks = [c for r in results for c in r]
     assert sorted(p for p, _ in checks) == list(range(-1999, 1))
     assert Multiset(pr for _, pr in checks) == Multiset(
-        DOCBITS_THRESHOLDS.priority_for(-k) for k in range(2000)
+        DEFAULT_THRESHOLDS.priority_for(-k) for k in range(2000)
     )
     assert PriorityRouter(redis_url=url, key_prefix=key_prefix).peek("shared").pending == -1999
 

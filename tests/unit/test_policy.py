@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from priority_router import DOCBITS_THRESHOLDS, ConfigurationError, Policy
+from priority_router import DEFAULT_THRESHOLDS, ConfigurationError, Policy
 
 
 @pytest.mark.parametrize(
@@ -29,12 +29,12 @@ from priority_router import DOCBITS_THRESHOLDS, ConfigurationError, Policy
     ],
 )
 def test_seed_table_boundaries(pending: int, priority: int) -> None:
-    assert DOCBITS_THRESHOLDS.priority_for(pending) == priority
+    assert DEFAULT_THRESHOLDS.priority_for(pending) == priority
 
 
 def test_worked_example_of_22_documents() -> None:
     # docs/scheme.md: checks 1-3 -> 1, 4-5 -> 2, ... 16-21 -> 8, 22 -> 9; check n is at pending 1 - n.
-    got = [DOCBITS_THRESHOLDS.priority_for(1 - n) for n in range(1, 23)]
+    got = [DEFAULT_THRESHOLDS.priority_for(1 - n) for n in range(1, 23)]
     assert got == [1, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7, 8, 8, 8, 8, 8, 8, 9]
 
 
@@ -81,13 +81,13 @@ def _spec_priority(pending: int) -> int:
 
 @given(st.integers(min_value=-(10**12), max_value=10**12))
 def test_seed_table_matches_the_spec_everywhere(pending: int) -> None:
-    assert DOCBITS_THRESHOLDS.priority_for(pending) == _spec_priority(pending)
+    assert DEFAULT_THRESHOLDS.priority_for(pending) == _spec_priority(pending)
 
 
 @given(st.integers(max_value=0), st.integers(max_value=0))
 def test_more_pending_is_never_more_urgent(a: int, b: int) -> None:
     low, high = sorted((a, b))  # low has more documents in its spell
-    assert DOCBITS_THRESHOLDS.priority_for(low) >= DOCBITS_THRESHOLDS.priority_for(high)
+    assert DEFAULT_THRESHOLDS.priority_for(low) >= DEFAULT_THRESHOLDS.priority_for(high)
 
 
 rows = st.lists(
@@ -116,3 +116,15 @@ def test_any_table_is_either_valid_or_refused_by_name(table: list[tuple[int, int
         assert exc.setting.startswith("thresholds") and exc.fix
     else:
         assert valid
+
+
+def test_the_old_name_of_the_default_table_still_imports_with_a_deprecation_warning() -> None:
+    import priority_router
+    from priority_router import DEFAULT_THRESHOLDS, policy
+
+    with pytest.warns(DeprecationWarning, match="DOCBITS_THRESHOLDS is deprecated: use DEFAULT_THRESHOLDS"):
+        assert priority_router.DOCBITS_THRESHOLDS is DEFAULT_THRESHOLDS
+    with pytest.warns(DeprecationWarning):
+        assert policy.DOCBITS_THRESHOLDS is DEFAULT_THRESHOLDS
+    with pytest.raises(AttributeError, match="no attribute 'NO_SUCH_NAME'"):
+        _ = priority_router.NO_SUCH_NAME

@@ -7,7 +7,7 @@ import random
 import pytest
 from support.simulation import trace_of
 
-from priority_router import DOCBITS_THRESHOLDS, Policy, RouterConfig
+from priority_router import DEFAULT_THRESHOLDS, Policy, RouterConfig
 from priority_router.simulation import costs
 from priority_router.simulation.compare import compare
 from priority_router.simulation.costs import MAX_COST, ONE, as_count, cost_units, counted_by, level, whole
@@ -69,13 +69,13 @@ def test_a_fractional_count_gets_the_routers_priority(
     tier: Tier | None, pending: float, table_count: int
 ) -> None:
     shift = 0 if tier is None else tier.shift
-    expected = min(9, max(1, DOCBITS_THRESHOLDS.priority_for(table_count) + shift))
-    assert level(tier, pending, DOCBITS_THRESHOLDS) == expected
+    expected = min(9, max(1, DEFAULT_THRESHOLDS.priority_for(table_count) + shift))
+    assert level(tier, pending, DEFAULT_THRESHOLDS) == expected
 
 
 def test_a_fixed_tier_ignores_the_count() -> None:
-    assert level(Tier(fixed=7), -0.5, DOCBITS_THRESHOLDS) == 7
-    assert level(Tier(fixed=2), -123.456, DOCBITS_THRESHOLDS) == 2
+    assert level(Tier(fixed=7), -0.5, DEFAULT_THRESHOLDS) == 7
+    assert level(Tier(fixed=2), -123.456, DEFAULT_THRESHOLDS) == 2
 
 
 @pytest.mark.parametrize("mode", ["seed", "inflight"])
@@ -94,18 +94,18 @@ def test_a_uniform_cost_is_a_tier_weight_of_its_inverse_by_document(mode: str) -
     rows = sorted((rng.uniform(0, 30), rng.choice("abcd"), rng.uniform(0.5, 2.0)) for _ in range(300))
     by_cost = costed(*[(at, c, d, 2.0) for at, c, d in rows])
     by_document = trace_of(*rows)
-    weighted = Tiers({}, Tier(weight=0.5)).prioritize(DOCBITS_THRESHOLDS)
-    cost_run = run(by_cost, RouterQueue(mode, DOCBITS_THRESHOLDS, 5.0), 2)
-    tier_run = run(by_document, RouterQueue(mode, DOCBITS_THRESHOLDS, 5.0, prioritize=weighted), 2)
+    weighted = Tiers({}, Tier(weight=0.5)).prioritize(DEFAULT_THRESHOLDS)
+    cost_run = run(by_cost, RouterQueue(mode, DEFAULT_THRESHOLDS, 5.0), 2)
+    tier_run = run(by_document, RouterQueue(mode, DEFAULT_THRESHOLDS, 5.0, prioritize=weighted), 2)
     assert cost_run.started == tier_run.started
 
 
 def test_costs_and_tiers_together_divide_the_cost_count_by_the_weight() -> None:
     # Costs 1.5 each: counts 0, -1.5, -3, -4.5, -6; weight 2: int(-0.75)... = 0, 0, -1, -2, -3.
     docs = costed(*[(0.0, "a", 1.0, 1.5)] * 5)
-    tiers = Tiers({"a": Tier(weight=2)}).prioritize(DOCBITS_THRESHOLDS)
-    table = [DOCBITS_THRESHOLDS.priority_for(c) for c in (0, 0, -1, -2, -3)]
-    assert priorities(RouterQueue("seed", DOCBITS_THRESHOLDS, 1500, prioritize=tiers), docs) == table
+    tiers = Tiers({"a": Tier(weight=2)}).prioritize(DEFAULT_THRESHOLDS)
+    table = [DEFAULT_THRESHOLDS.priority_for(c) for c in (0, 0, -1, -2, -3)]
+    assert priorities(RouterQueue("seed", DEFAULT_THRESHOLDS, 1500, prioritize=tiers), docs) == table
 
 
 def test_a_cost_column_of_ones_is_the_scheme_without_costs() -> None:
@@ -113,8 +113,8 @@ def test_a_cost_column_of_ones_is_the_scheme_without_costs() -> None:
     docs = costed(*[(*row, 1.0) for row in rows])
     assert docs.cost_units == []  # every cost 1: nothing to count but documents
     for mode in ("seed", "inflight"):
-        with_ones = run(docs, RouterQueue(mode, DOCBITS_THRESHOLDS, 1500), 2)
-        without = run(trace_of(*rows), RouterQueue(mode, DOCBITS_THRESHOLDS, 1500), 2)
+        with_ones = run(docs, RouterQueue(mode, DEFAULT_THRESHOLDS, 1500), 2)
+        without = run(trace_of(*rows), RouterQueue(mode, DEFAULT_THRESHOLDS, 1500), 2)
         assert with_ones == without
 
 

@@ -22,7 +22,7 @@ import fakeredis._socket._base as fake_socket
 import pytest
 import redis
 
-from priority_router import DOCBITS_THRESHOLDS
+from priority_router import DEFAULT_THRESHOLDS
 from priority_router.simulation.counters import InflightCount, SeedCount
 from priority_router.store.costs import ONE, as_count, cost_units
 from priority_router.store.counter import Counter
@@ -86,7 +86,7 @@ def replay_inflight(
 
 def test_seed_count_gives_the_scheme_worked_example() -> None:
     count = SeedCount(reset_interval=1500)
-    got = [DOCBITS_THRESHOLDS.priority_for(count.check("acme", 0.1 * i)) for i in range(22)]
+    got = [DEFAULT_THRESHOLDS.priority_for(count.check("acme", 0.1 * i)) for i in range(22)]
     assert got == [1, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7, 8, 8, 8, 8, 8, 8, 9]
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from priority_router.policy import DOCBITS_THRESHOLDS
+from priority_router.policy import DEFAULT_THRESHOLDS
 from priority_router.simulation.engine import run
 from priority_router.simulation.policies import Fifo, RouterQueue
 from priority_router.simulation.trace import Trace, TraceBuilder
@@ -68,7 +68,7 @@ def test_the_router_serves_the_most_urgent_list_first_and_each_list_in_order() -
     # One slot busy with heavy's first document; heavy's 2nd..6th wait at priorities 1,1,2,2,3;
     # light's document (priority 1) at t=0.5 goes before heavy's priority-2 ones.
     docs = trace_of(*[(0.0, "heavy", 1.0)] * 6, (0.5, "light", 1.0))
-    queue = RouterQueue("seed", DOCBITS_THRESHOLDS, reset_interval=1500)
+    queue = RouterQueue("seed", DEFAULT_THRESHOLDS, reset_interval=1500)
     schedule = run(docs, queue, workers=1)
     assert schedule.started == [0, 1, 2, 4, 5, 6, 3]
 

@@ -7,7 +7,7 @@ import random
 import pytest
 from support.simulation import started_of, trace_of
 
-from priority_router import DOCBITS_THRESHOLDS, Policy, RouterConfig
+from priority_router import DEFAULT_THRESHOLDS, Policy, RouterConfig
 from priority_router.integration.starvation import sweep_interval
 from priority_router.simulation import policies
 from priority_router.simulation.compare import compare
@@ -31,7 +31,7 @@ def waits_of(schedule: Schedule, docs: Trace, client: str) -> list[float]:
     return [schedule.started[i] - schedule.published[i] for i in mine]
 
 
-def seed(thresholds: Policy = DOCBITS_THRESHOLDS, reset_interval: float = 1500) -> RouterQueue:
+def seed(thresholds: Policy = DEFAULT_THRESHOLDS, reset_interval: float = 1500) -> RouterQueue:
     return RouterQueue("seed", thresholds, reset_interval)
 
 
@@ -67,7 +67,7 @@ def test_inflight_counts_waiting_work_where_seed_counts_the_spell() -> None:
     steady = [(float(t), "steady", 0.1) for t in range(25)]
     docs = trace_of(*steady, (24.2, "burst", 1.0), *[(24.2, "burst", 1.0)] * 4, (24.5, "steady", 0.1))
     seed_waits = waits_of(run(docs, seed(), 1), docs, "steady")
-    inflight_waits = waits_of(run(docs, RouterQueue("inflight", DOCBITS_THRESHOLDS, 1500), 1), docs, "steady")
+    inflight_waits = waits_of(run(docs, RouterQueue("inflight", DEFAULT_THRESHOLDS, 1500), 1), docs, "steady")
     assert seed_waits[-1] == pytest.approx(4.7)  # priority 9: behind the whole burst
     assert inflight_waits[-1] == pytest.approx(2.7)  # priority 1: behind the burst's priority-1 documents
 
@@ -80,14 +80,14 @@ def test_inflight_ends_free_the_count() -> None:
     docs = trace_of(
         *[(2.0 * t, "heavy", 1.0) for t in range(10)], *[(18.0, "other", 1.0)] * 5, (18.0, "heavy", 1.0)
     )
-    inflight = run(docs, RouterQueue("inflight", DOCBITS_THRESHOLDS, 1500), 1)
+    inflight = run(docs, RouterQueue("inflight", DEFAULT_THRESHOLDS, 1500), 1)
     seeded = run(docs, seed(), 1)
     assert started_of(inflight, docs, "heavy")[-1] == 22
     assert started_of(seeded, docs, "heavy")[-1] == 24
 
 
 def test_a_sweep_promotes_what_is_overdue_oldest_first_ahead_of_every_priority() -> None:
-    queue = RouterQueue("seed", DOCBITS_THRESHOLDS, 1500, max_wait=1.0)
+    queue = RouterQueue("seed", DEFAULT_THRESHOLDS, 1500, max_wait=1.0)
     docs = trace_of(*[(0.1 * i, "heavy", 1.0) for i in range(25)], (3.0, "light", 1.0))
     published = [0.0] * 26
     queue.prepare(docs, published)
@@ -99,7 +99,7 @@ def test_a_sweep_promotes_what_is_overdue_oldest_first_ahead_of_every_priority()
 
 
 def test_without_a_sweep_priorities_alone_decide() -> None:
-    queue = RouterQueue("seed", DOCBITS_THRESHOLDS, 1500, max_wait=1.0)
+    queue = RouterQueue("seed", DEFAULT_THRESHOLDS, 1500, max_wait=1.0)
     docs = trace_of(*[(0.1 * i, "heavy", 1.0) for i in range(6)], (3.0, "light", 1.0))
     published = [0.0] * 7
     queue.prepare(docs, published)
@@ -115,15 +115,15 @@ def test_overdue_documents_wait_for_the_next_sweep_on_the_grid() -> None:
     # ahead of the stream of priority-1 documents from new clients that keeps the slot busy.
     stream = [(0.25 * i, f"new{i}", 0.25) for i in range(1, 40)]
     docs = trace_of((0.0, "starter", 0.25), *[(0.1, "heavy", 0.25)] * 4, *stream)
-    bounded = run(docs, RouterQueue("seed", DOCBITS_THRESHOLDS, 1500, max_wait=2.0), 1)
-    strict = run(docs, RouterQueue("seed", DOCBITS_THRESHOLDS, 1500), 1)
+    bounded = run(docs, RouterQueue("seed", DEFAULT_THRESHOLDS, 1500, max_wait=2.0), 1)
+    strict = run(docs, RouterQueue("seed", DEFAULT_THRESHOLDS, 1500), 1)
     assert started_of(bounded, docs, "heavy")[3] == pytest.approx(2.5)
     assert started_of(strict, docs, "heavy")[3] == pytest.approx(10.75)  # after the whole stream
 
 
 def test_one_sweep_moves_at_most_the_scripts_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(policies, "SWEEP_LIMIT", 10)
-    queue = RouterQueue("seed", DOCBITS_THRESHOLDS, 1500, max_wait=1.0)
+    queue = RouterQueue("seed", DEFAULT_THRESHOLDS, 1500, max_wait=1.0)
     docs = trace_of(*[(0.0, "heavy", 1.0)] * 40)
     published = [0.0] * 40
     queue.prepare(docs, published)
@@ -140,8 +140,8 @@ def test_max_wait_bounds_a_starved_client_under_a_stream_of_urgent_documents() -
     # 20 ms for 15 s asks for more than 2 slots can do (50 ms documents).
     stream = [(0.05 + 0.02 * i, f"light{i}", 0.05) for i in range(750)]
     docs = trace_of(*[(0.0, "heavy", 0.05)] * 25, *stream)
-    strict = run(docs, RouterQueue("seed", DOCBITS_THRESHOLDS, 1500), 2)
-    bounded = run(docs, RouterQueue("seed", DOCBITS_THRESHOLDS, 1500, max_wait=3.0), 2)
+    strict = run(docs, RouterQueue("seed", DEFAULT_THRESHOLDS, 1500), 2)
+    bounded = run(docs, RouterQueue("seed", DEFAULT_THRESHOLDS, 1500, max_wait=3.0), 2)
     assert max(waits_of(strict, docs, "heavy")) > 14  # until the stream ends
     # Overdue at 3 s, promoted within one sweep interval, then behind at most the 25
     # documents promoted with or before it, on 2 slots.

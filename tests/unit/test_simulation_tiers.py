@@ -9,7 +9,7 @@ import fakeredis
 import pytest
 from support.simulation import started_of, trace_of
 
-from priority_router import DOCBITS_THRESHOLDS, Policy, PriorityRouter, RouterConfig
+from priority_router import DEFAULT_THRESHOLDS, Policy, PriorityRouter, RouterConfig
 from priority_router.simulation.compare import compare
 from priority_router.simulation.engine import run
 from priority_router.simulation.policies import POLICIES, RouterQueue, build
@@ -25,7 +25,7 @@ from priority_router.tiers import Tier
 CUSTOM = Policy.from_rows([(-6, 9), (-3, 5), (0, 3)], fallback=1)
 
 
-@pytest.mark.parametrize("thresholds", [DOCBITS_THRESHOLDS, CUSTOM], ids=["docbits", "custom"])
+@pytest.mark.parametrize("thresholds", [DEFAULT_THRESHOLDS, CUSTOM], ids=["docbits", "custom"])
 @pytest.mark.parametrize("default", [None, Tier(shift=1), Tier(fixed=9), Tier(weight=0.5)], ids=str)
 def test_prioritize_gives_the_routers_own_decisions(thresholds: Policy, default: Tier | None) -> None:
     """Client by client and document by document, what a PriorityRouter with the same tiers decides."""
@@ -58,7 +58,7 @@ def test_prioritize_gives_the_routers_own_decisions(thresholds: Policy, default:
 
 def test_without_tiers_there_is_nothing_to_apply() -> None:
     assert not Tiers()
-    assert Tiers().prioritize(DOCBITS_THRESHOLDS) is None
+    assert Tiers().prioritize(DEFAULT_THRESHOLDS) is None
     assert Tiers({}, Tier(shift=1)) and Tiers({"a": Tier()})
     assert Tiers({"a": Tier(shift=1)}, Tier(fixed=2)).tier_of("b") == Tier(fixed=2)
 
@@ -70,8 +70,8 @@ NOISY = trace_of(*[(0.0, "heavy", 1.0)] * 8, (0.5, "light", 1.0))
 @pytest.mark.parametrize("mode", ["seed", "inflight"])
 def test_tiers_change_the_router_policies(mode: str) -> None:
     def light_start(tiers: Tiers | None) -> float:
-        prioritize = None if tiers is None else tiers.prioritize(DOCBITS_THRESHOLDS)
-        queue = RouterQueue(mode, DOCBITS_THRESHOLDS, 1500, prioritize=prioritize)
+        prioritize = None if tiers is None else tiers.prioritize(DEFAULT_THRESHOLDS)
+        queue = RouterQueue(mode, DEFAULT_THRESHOLDS, 1500, prioritize=prioritize)
         return started_of(run(NOISY, queue, 1), NOISY, "light")[0]
 
     assert light_start(None) == 3  # after heavy's priority-1 documents (pending 0, -1, -2)
@@ -101,10 +101,10 @@ def test_max_wait_still_promotes_a_document_its_tier_put_last() -> None:
     # documents at priority 1.  Without max_wait light waits for all of them; with 2 s, the
     # sweep at 2.5 moves the overdue documents to step 0 oldest first, light ahead.
     docs = trace_of((0.0, "blocker", 1.0), (0.1, "light", 1.0), *[(0.2, "heavy", 1.0)] * 8)
-    tiers = Tiers({"light": Tier(fixed=9), "heavy": Tier(fixed=1)}).prioritize(DOCBITS_THRESHOLDS)
+    tiers = Tiers({"light": Tier(fixed=9), "heavy": Tier(fixed=1)}).prioritize(DEFAULT_THRESHOLDS)
 
     def light_start(max_wait: float | None) -> list[float]:
-        queue = RouterQueue("seed", DOCBITS_THRESHOLDS, 1500, max_wait=max_wait, prioritize=tiers)
+        queue = RouterQueue("seed", DEFAULT_THRESHOLDS, 1500, max_wait=max_wait, prioritize=tiers)
         return started_of(run(docs, queue, 1), docs, "light")
 
     assert light_start(None) == [9]
