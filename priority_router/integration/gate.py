@@ -32,13 +32,13 @@ from typing import TYPE_CHECKING, Any
 
 from celery import Celery, bootsteps
 from celery.signals import worker_shutdown
-from celery.worker import state as worker_state
 
 from .. import headers as H
 from ..limits import Limits
 from ..store.gate import RECHECK, Verdict
 from ..store.keys import normalize_client_id
 from ..store.limit_store import Snapshot
+from . import worker_state
 from .flower import annotate_held
 from .periodic import Periodic
 from .redeliver import Unstorable, pack, publish
@@ -127,7 +127,7 @@ def admit(app: Celery, router: PriorityRouter, request: Any) -> bool:
         headers[H.GATED] = True
         return True
     router.index_quietly(client, verdict)
-    worker_state.task_ready(request)
+    worker_state.forget(request)
     _ack_now(request)
     reason = held_reason(verdict, limits)
     # Received again, with the reason: what Flower shows until the document is released.
@@ -139,19 +139,15 @@ def admit(app: Celery, router: PriorityRouter, request: Any) -> bool:
 
 
 def _ack_now(request: Any) -> None:
-    """Acknowledge a held document's message at once.  ``request.acknowledge()`` queues the
-    ack on the worker's event loop, which on RabbitMQ sends it only at the loop's next
-    wake-up (often the next task's end, seconds later): until then the held message keeps
-    its prefetch slot.  The gate runs on that loop's thread, so it may write the ack itself."""
-    if request.acknowledged:
-        return
+    """Acknowledge a held document's message at once: queued on the event loop, RabbitMQ's
+    ack would go out only at the loop's next wake-up (often a task's end), and the held
+    message would keep its prefetch slot until then."""
     try:
-        request.message.ack()
+        worker_state.acknowledge_now(request)
     except Exception as exc:
         # The message comes back (RabbitMQ: at once; Redis: after visibility_timeout) and is
         # then acknowledged as a duplicate of the held one.
         logger.warning("priority-router: could not acknowledge held document %s (%s)", request.id, exc)
-    request.acknowledged = True
 
 
 def held_reason(verdict: Verdict, limits: Limits) -> str:
@@ -312,7 +308,7 @@ class GateThread(Periodic):
 
     def _lend(self, limits: Snapshot) -> None:
         """This worker's idle slots to borrowing clients' held documents, while its queues are empty."""
-        idle = self._concurrency - len(worker_state.reserved_requests)
+        idle = self._concurrency - worker_state.held_count()
         if idle <= 0:
             return
         store = self.router.gate_store
@@ -336,7 +332,7 @@ class GateThread(Periodic):
 def gated_requests(router: PriorityRouter) -> dict[str, list[str]]:
     """The gated documents this worker holds, by client (for their leases)."""
     running: dict[str, list[str]] = defaultdict(list)
-    for request in list(worker_state.reserved_requests):
+    for request in worker_state.held_requests():
         headers = getattr(request, "request_dict", None) or {}
         if headers.get(H.GATED):
             client = client_of(router, headers)
