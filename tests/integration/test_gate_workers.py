@@ -56,6 +56,16 @@ def _router(env: dict[str, str]) -> PriorityRouter:
     return PriorityRouter.from_env(env, socket_timeout=5, connect_timeout=5)
 
 
+def _trial(
+    runs: tuple[dict[str, str], redis.Redis], producer: Callable[[], Celery], client: str, **limits: Any
+) -> tuple[dict[str, str], redis.Redis, PriorityRouter, Celery]:
+    """The environment, the runs hash, a router that gave ``client`` these limits, a producer."""
+    env, seen = runs
+    router = _router(env)
+    router.set_tier(client, **limits)
+    return env, seen, router, producer()
+
+
 def _send(app: Celery, client: str, seconds: float, n: int) -> list[Any]:
     return [app.send_task(TRACK, kwargs={"seconds": seconds, "client_id": client}) for _ in range(n)]
 
@@ -90,10 +100,7 @@ def _settled(router: PriorityRouter, client: str, timeout: float = 15) -> tuple[
 def test_a_capped_client_never_runs_more_than_its_cap_and_others_are_not_held(
     producer: Callable[[], Celery], runs: tuple[dict[str, str], redis.Redis]
 ) -> None:
-    env, seen = runs
-    router = _router(env)
-    router.set_tier("bulk", max_in_flight=2)
-    app = producer()
+    env, seen, router, app = _trial(runs, producer, "bulk", max_in_flight=2)
     bulk = _send(app, "bulk", 0.3, 10)
     light = _send(app, "light", 0.05, 3)
     with running_worker(env, "--pool", "threads", "--concurrency", "4"):
@@ -126,10 +133,7 @@ def test_a_cap_holds_across_worker_processes_and_hosts(
 def test_lifting_a_cap_starts_the_held_documents_within_seconds(
     producer: Callable[[], Celery], runs: tuple[dict[str, str], redis.Redis]
 ) -> None:
-    env, seen = runs
-    router = _router(env)
-    router.set_tier("bulk", max_in_flight=1)
-    app = producer()
+    env, seen, router, app = _trial(runs, producer, "bulk", max_in_flight=1)
     bulk = _send(app, "bulk", 6, 1) + _send(app, "bulk", 0.1, 4)
     with running_worker(env, "--pool", "threads", "--concurrency", "4"):
         _wait_held(router, "bulk", 4)
@@ -146,10 +150,7 @@ def test_lifting_a_cap_starts_the_held_documents_within_seconds(
 def test_a_rate_starts_its_burst_then_r_per_second(
     producer: Callable[[], Celery], runs: tuple[dict[str, str], redis.Redis]
 ) -> None:
-    env, _ = runs
-    router = _router(env)
-    router.set_tier("api", rate="5/s")
-    app = producer()
+    env, _, _, app = _trial(runs, producer, "api", rate="5/s")
     docs = _send(app, "api", 0, 25)
     with running_worker(env, "--pool", "threads", "--concurrency", "4"):
         done = [r.get(timeout=60) for r in docs]
@@ -165,10 +166,7 @@ def test_a_rate_starts_its_burst_then_r_per_second(
 def test_a_borrowing_client_alone_uses_the_whole_pool_and_stops_when_another_waits(
     producer: Callable[[], Celery], runs: tuple[dict[str, str], redis.Redis]
 ) -> None:
-    env, seen = runs
-    router = _router(env)
-    router.set_tier("bulk", max_in_flight=1, borrow=True)
-    app = producer()
+    env, seen, router, app = _trial(runs, producer, "bulk", max_in_flight=1, borrow=True)
     bulk = _send(app, "bulk", 0.5, 16)
     with running_worker(env, "--pool", "threads", "--concurrency", "4"):
         done = [r.get(timeout=60) for r in bulk]
@@ -292,10 +290,7 @@ def _held_message(producer: Callable[[], Celery], env: dict[str, str], task_id: 
 def test_inspect_and_status_show_running_and_held(
     producer: Callable[[], Celery], runs: tuple[dict[str, str], redis.Redis], cli: Callable[..., Any]
 ) -> None:
-    env, _ = runs
-    router = _router(env)
-    router.set_tier("bulk", max_in_flight=1)
-    app = producer()
+    env, _, router, app = _trial(runs, producer, "bulk", max_in_flight=1)
     bulk = _send(app, "bulk", 3, 1) + _send(app, "bulk", 0, 3)
     with running_worker(env, "--pool", "threads", "--concurrency", "2"):
         _wait_held(router, "bulk", 3)
@@ -335,10 +330,7 @@ def test_a_cap_combines_with_a_weight_in_the_inflight_mode_and_every_count_retur
 def test_a_held_document_revoked_gives_its_slot_back_when_released(
     producer: Callable[[], Celery], runs: tuple[dict[str, str], redis.Redis]
 ) -> None:
-    env, seen = runs
-    router = _router(env)
-    router.set_tier("bulk", max_in_flight=1)
-    app = producer()
+    env, seen, router, app = _trial(runs, producer, "bulk", max_in_flight=1)
     first = _send(app, "bulk", 2, 1)[0]
     revoked, last = _send(app, "bulk", 0, 2)
     with running_worker(env, "--pool", "threads", "--concurrency", "2"):
@@ -359,10 +351,7 @@ def test_held_documents_free_their_prefetch_slot_at_once(
 ) -> None:
     """With one slot left free by the cap, another client's document starts while the capped
     client's long document runs: the held ones do not keep the worker's prefetch window."""
-    env, _ = runs
-    router = _router(env)
-    router.set_tier("bulk", max_in_flight=1)
-    app = producer()
+    env, _, router, app = _trial(runs, producer, "bulk", max_in_flight=1)
     long = _send(app, "bulk", 4, 1)[0]
     _send(app, "bulk", 0, 3)
     # Without the worker's heartbeats, nothing but a task's end wakes its event loop.
@@ -378,10 +367,7 @@ def test_a_cost_cap_counts_each_documents_cost(
 ) -> None:
     from priority_router import headers as H
 
-    env, seen = runs
-    router = _router(env)
-    router.set_tier("scans", max_cost_in_flight=5)
-    app = producer()
+    env, seen, router, app = _trial(runs, producer, "scans", max_cost_in_flight=5)
     docs = [
         app.send_task(TRACK, kwargs={"seconds": 0.3, "client_id": "scans"}, headers={H.COST: 2})
         for _ in range(6)
