@@ -20,6 +20,7 @@ from kombu.transport.redis import PRIORITY_STEPS as KOMBU_PRIORITY_STEPS
 from kombu.transport.redis import Channel as KombuRedisChannel
 
 from .brokers import AMQP_MAX_PRIORITY, Transport
+from .celery_internals import set_by_user
 from .pools import KOMBU_MAX_CONNECTIONS, WorkerPool
 from .rabbitmq import declared_queues, is_quorum, uses_quorum_queues
 
@@ -99,19 +100,8 @@ class Change:
 
 
 def is_explicit(app: Celery, key: str) -> bool:
-    """Whether ``key`` was set by the user rather than left at Celery's default.
-
-    Celery's settings are a chain of maps ending with its defaults; a namespaced
-    configuration (``CELERY_WORKER_PREFETCH_MULTIPLIER``) stores the key under its
-    prefixed name, which ``_to_keys`` lists.
-    """
-    conf = app.conf
-    maps = getattr(conf, "maps", None)
-    if not maps:
-        return key in conf
-    to_keys = getattr(conf, "_to_keys", None)
-    names = tuple(to_keys(key)) if callable(to_keys) else (key,)
-    return any(name in m for m in maps[:-1] for name in names)
+    """Whether ``key`` was set by the user rather than left at Celery's default."""
+    return set_by_user(app.conf, key)
 
 
 # -- what the app lacks -----------------------------------------------------------------

@@ -38,7 +38,7 @@ from ..limits import Limits
 from ..store.gate import RECHECK, Verdict
 from ..store.keys import normalize_client_id
 from ..store.limit_store import Snapshot
-from . import worker_state
+from . import celery_internals
 from .flower import annotate_held
 from .periodic import Periodic
 from .redeliver import Unstorable, pack, publish
@@ -127,7 +127,7 @@ def admit(app: Celery, router: PriorityRouter, request: Any) -> bool:
         headers[H.GATED] = True
         return True
     router.index_quietly(client, verdict)
-    worker_state.forget(request)
+    celery_internals.forget(request)
     _ack_now(request)
     reason = held_reason(verdict, limits)
     # Received again, with the reason: what Flower shows until the document is released.
@@ -143,7 +143,7 @@ def _ack_now(request: Any) -> None:
     ack would go out only at the loop's next wake-up (often a task's end), and the held
     message would keep its prefetch slot until then."""
     try:
-        worker_state.acknowledge_now(request)
+        celery_internals.acknowledge_now(request)
     except Exception as exc:
         # The message comes back (RabbitMQ: at once; Redis: after visibility_timeout) and is
         # then acknowledged as a duplicate of the held one.
@@ -308,7 +308,7 @@ class GateThread(Periodic):
 
     def _lend(self, limits: Snapshot) -> None:
         """This worker's idle slots to borrowing clients' held documents, while its queues are empty."""
-        idle = self._concurrency - worker_state.held_count()
+        idle = self._concurrency - celery_internals.held_count()
         if idle <= 0:
             return
         store = self.router.gate_store
@@ -332,7 +332,7 @@ class GateThread(Periodic):
 def gated_requests(router: PriorityRouter) -> dict[str, list[str]]:
     """The gated documents this worker holds, by client (for their leases)."""
     running: dict[str, list[str]] = defaultdict(list)
-    for request in worker_state.held_requests():
+    for request in celery_internals.held_requests():
         headers = getattr(request, "request_dict", None) or {}
         if headers.get(H.GATED):
             client = client_of(router, headers)

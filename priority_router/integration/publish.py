@@ -29,13 +29,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from celery import Celery
-from celery._state import _task_stack
 
 from .. import headers as H
 from ..decision import Decision, Reason
 from ..policy import is_priority
 from ..store.keys import normalize_client_id
 from .brokers import Transport, logical_from_wire, to_wire
+from .celery_internals import tasks_running
 from .flower import annotate_kwargsrepr
 from .sender import publishing_app, republishing
 
@@ -283,7 +283,7 @@ class PublishReceiver:
 
     def _parent_decision(self) -> Decision | None:
         app = self._app()
-        if app is None or not _tasks_running():
+        if app is None or not tasks_running():
             return None
         parent = app.current_worker_task
         if parent is None:
@@ -295,18 +295,6 @@ class PublishReceiver:
         client = normalize_client_id(getattr(request, self._header, None))
         pending = getattr(request, H.PENDING, None)
         return Decision(client, pending if _is_count(pending) else None, priority, Reason.INHERITED)
-
-
-def _tasks_running() -> bool:
-    """Whether any thread of this process is running a Celery task (eagerly or in a worker).
-
-    A publisher that runs no tasks has no parent to inherit from, and finding that out
-    through ``app.current_worker_task`` costs more than the rest of the hook (Celery's
-    thread-local stack raises and catches an exception per lookup).  Its storage holds
-    one entry per thread with a task on its stack; an unknown layout means "maybe".
-    """
-    storage = getattr(getattr(_task_stack, "_local", None), "__storage__", None)
-    return not isinstance(storage, dict) or bool(storage)
 
 
 def _is_count(value: object) -> bool:

@@ -27,14 +27,15 @@ from typing import Any
 
 from celery import Celery
 
+from .celery_internals import SENDER, SENDER_BUILDER, sender_builder
 from .rabbitmq import demote_to_fifo, fifo_queue_in
 
 publishing_app: ContextVar[Celery | None] = ContextVar("priority_router_app", default=None)
 #: Set while a message already stamped is sent again (it must not be counted twice).
 republishing: ContextVar[bool] = ContextVar("priority_router_republishing", default=False)
 
-_BUILDER = "_create_task_sender"
-_SENDER = "send_task_message"
+_BUILDER = SENDER_BUILDER
+_SENDER = SENDER
 _WRAPPED = "_priority_router_wrapped"
 
 
@@ -49,7 +50,7 @@ def wrap_sender(app: Celery, on_build: Callable[[Celery], None], demotes: Callab
         on_build(app)
         amqp.__dict__[_SENDER] = _wrap(app, built, demotes)
     else:
-        build = amqp._create_task_sender
+        build = sender_builder(amqp)
 
         def create_task_sender() -> Callable[..., Any]:
             on_build(app)

@@ -24,6 +24,7 @@ from celery import Celery
 from celery.signals import worker_shutdown
 
 from .. import headers as H
+from .celery_internals import priority_list
 from .periodic import Periodic
 
 logger = logging.getLogger("priority_router")
@@ -63,7 +64,7 @@ def sweep_interval(max_wait: float) -> float:
 def queue_lists(channel: Any, queue: str) -> list[str]:
     """The Redis keys of ``queue``'s priority lists on a kombu Redis ``channel``, most urgent
     first: the keys its BRPOP polls (``Channel._brpop_start``), with ``global_keyprefix``."""
-    names = dict.fromkeys(channel._q_for_pri(queue, pri) for pri in channel.priority_steps)
+    names = dict.fromkeys(priority_list(channel, queue, pri) for pri in channel.priority_steps)
     prefix = channel.global_keyprefix or ""
     return [prefix + name for name in names]
 

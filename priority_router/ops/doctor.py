@@ -26,6 +26,7 @@ from kombu.transport.redis import Channel as KombuRedisChannel
 
 from ..integration.app_queues import declare_routed, queue_names
 from ..integration.brokers import AMQP_MAX_PRIORITY, Transport, transport_of
+from ..integration.celery_internals import priority_list
 from ..integration.celery_settings import COSTS, REDIS_PRIORITY_STEPS, Change, describe, wanted_changes
 from ..integration.consumers import FIX, blind_workers
 from ..integration.install import STOPGAP, applied_settings, unpriced_effect
@@ -260,7 +261,7 @@ def _check_stranded(app: Celery, transport: Transport) -> Iterator[Finding]:
     with app.connection_for_read() as conn:
         channel = conn.default_channel
         prefix = channel.global_keyprefix or ""
-        polled = {prefix + channel._q_for_pri(n, s) for n in names for s in channel.priority_steps}
+        polled = {prefix + priority_list(channel, n, s) for n in names for s in channel.priority_steps}
         # A plain client on kombu's pool: kombu's own one prefixes keys a second time.
         client = redis.Redis(connection_pool=channel.client.connection_pool)
         for name in sorted(names):

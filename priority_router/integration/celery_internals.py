@@ -1,0 +1,86 @@
+"""Every internal of Celery and kombu the router relies on, in one place: neither
+documents these as public, so each has a test that fails when a release changes it
+(``tests/unit/test_celery_internals.py``, run on every supported Celery by ``make matrix``).
+
+- Celery's thread-local task stack (``celery._state._task_stack``): whether any thread of
+  the process runs a task, read without Celery's per-lookup exception;
+- Celery's lazily built task sender (``app.amqp._create_task_sender`` and the cached
+  ``send_task_message``), which the router wraps (``sender.py``);
+- Celery's settings chain (``conf.maps``, ``conf._to_keys``): whether the user set a key;
+- kombu's Redis priority lists (``Channel._q_for_pri``): the key of a queue's list for a step;
+- a worker's own state (``celery.worker.state.reserved_requests``, ``task_ready``) and a
+  request's message (``Request.message``, ``Request.acknowledged``), which the gate uses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from celery._state import _task_stack
+from celery.worker import state as _state
+
+#: The attribute of ``app.amqp`` that builds the task sender, and the cached sender's.
+SENDER_BUILDER = "_create_task_sender"
+SENDER = "send_task_message"
+
+
+def tasks_running() -> bool:
+    """Whether any thread of this process has a Celery task on its stack (eager or in a
+    worker); an unknown layout of the stack means "maybe" (True)."""
+    storage = getattr(getattr(_task_stack, "_local", None), "__storage__", None)
+    return not isinstance(storage, dict) or bool(storage)
+
+
+def sender_builder(amqp: Any) -> Callable[[], Callable[..., Any]]:
+    """The function Celery calls once to build ``amqp``'s task sender."""
+    build: Callable[[], Callable[..., Any]] = getattr(amqp, SENDER_BUILDER)
+    return build
+
+
+def set_by_user(conf: Any, key: str) -> bool:
+    """Whether ``key`` is set in ``conf`` by the user rather than left at Celery's default.
+
+    Celery's settings are a chain of maps ending with its defaults; a namespaced
+    configuration (``CELERY_WORKER_PREFETCH_MULTIPLIER``) stores the key under its
+    prefixed name, which ``_to_keys`` lists."""
+    maps = getattr(conf, "maps", None)
+    if not maps:
+        return key in conf
+    to_keys = getattr(conf, "_to_keys", None)
+    names = tuple(to_keys(key)) if callable(to_keys) else (key,)
+    return any(name in m for m in maps[:-1] for name in names)
+
+
+def priority_list(channel: Any, queue: str, step: int) -> str:
+    """The Redis key (without ``global_keyprefix``) of ``queue``'s list for priority ``step``
+    on a kombu Redis ``channel``."""
+    key: str = channel._q_for_pri(queue, step)
+    return key
+
+
+def held_requests() -> list[Any]:
+    """The requests this worker process holds now (received, not yet ended)."""
+    return list(_state.reserved_requests)
+
+
+def held_count() -> int:
+    return len(_state.reserved_requests)
+
+
+def forget(request: Any) -> None:
+    """The worker will not run ``request``: it is no longer reserved, active or scheduled."""
+    _state.task_ready(request)
+
+
+def acknowledge_now(request: Any) -> None:
+    """Acknowledge ``request``'s message now, on the calling thread (the consumer's), and
+    mark it acknowledged so Celery never acknowledges it again.  ``Request.acknowledge()``
+    queues the ack on the worker's event loop instead, which on RabbitMQ sends it only at
+    the loop's next wake-up.  Raises what kombu raises."""
+    if request.acknowledged:
+        return
+    try:
+        request.message.ack()
+    finally:
+        request.acknowledged = True

@@ -1,0 +1,117 @@
+"""The Celery and kombu internals the router uses (integration/celery_internals.py), against
+the installed versions: each test fails when a release changes what the router relies on."""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import pytest
+from celery import Celery
+from celery.worker import state
+from celery.worker.request import Request
+from kombu.message import Message
+
+from priority_router.integration import celery_internals as internals
+
+
+def _request(app: Celery) -> Request:
+    message = Message(
+        body=b"[[], {}, {}]",
+        content_type="application/json",
+        content_encoding="utf-8",
+        headers={"id": "t-1", "task": "doc", "lang": "py", "client_id": "acme"},
+        delivery_info={"exchange": "", "routing_key": "documents"},
+        properties={"priority": 9},
+        channel=mock.Mock(),
+    )
+    message.delivery_tag = 1
+    return Request(message, app=app, task=app.tasks["doc"])
+
+
+def _doc() -> None:
+    pass
+
+
+@pytest.fixture
+def app() -> Celery:
+    app = Celery("state", set_as_current=False)
+    app.task(name="doc")(_doc)
+    return app
+
+
+def test_a_reserved_request_is_held_until_forgotten(app: Celery) -> None:
+    request = _request(app)
+    state.task_reserved(request)  # what Celery's strategy does on receipt
+    try:
+        assert request in internals.held_requests()
+        assert internals.held_count() >= 1
+        internals.forget(request)
+        assert request not in internals.held_requests()
+        assert request.id not in state.requests
+    finally:
+        state.task_ready(request)
+
+
+def test_acknowledge_now_acks_the_message_once_and_celery_does_not_again(app: Celery) -> None:
+    request = _request(app)
+    on_ack = mock.Mock()
+    request._on_ack = on_ack  # Celery's queued ack, which must not run
+    internals.acknowledge_now(request)
+    request.message.channel.basic_ack.assert_called_once_with(1, multiple=False)
+    assert request.acknowledged
+    request.acknowledge()  # Celery's own ack after the gate's: a no-op
+    on_ack.assert_not_called()
+    internals.acknowledge_now(request)
+    request.message.channel.basic_ack.assert_called_once()
+
+
+def test_a_request_exposes_its_message_and_headers(app: Celery) -> None:
+    request = _request(app)
+    assert request.message.headers["client_id"] == "acme"
+    assert request.request_dict["client_id"] == "acme"
+    request.request_dict["priority_router_gated"] = True  # what the gate marks for the end
+    assert request.request_dict["priority_router_gated"] is True
+
+
+def test_tasks_running_sees_a_task_on_any_threads_stack(app: Celery) -> None:
+    seen: list[bool] = []
+
+    @app.task(name="probe")
+    def probe() -> None:
+        seen.append(internals.tasks_running())
+
+    assert internals.tasks_running() is False
+    probe.apply()  # eagerly: the task is on this thread's stack while it runs
+    assert seen == [True]
+    assert internals.tasks_running() is False
+
+
+def test_the_task_sender_is_built_once_by_its_builder_and_cached(app: Celery) -> None:
+    amqp = app.amqp
+    assert callable(internals.sender_builder(amqp))
+    assert internals.SENDER not in amqp.__dict__
+    sender = getattr(amqp, internals.SENDER)  # Celery's cached property builds it
+    assert callable(sender) and amqp.__dict__[internals.SENDER] is sender
+
+
+def test_set_by_user_tells_a_users_value_from_celerys_default() -> None:
+    app = Celery("conf", set_as_current=False)
+    app.conf.worker_prefetch_multiplier = 4
+    app.conf.get("broker_url")  # loaded, as when the router settles on it
+    assert internals.set_by_user(app.conf, "worker_prefetch_multiplier")
+    assert not internals.set_by_user(app.conf, "task_acks_late")
+    django = Celery("django", set_as_current=False)
+    django.config_from_object({"CELERY_TASK_ACKS_LATE": True}, namespace="CELERY")
+    django.conf.get("broker_url")
+    assert internals.set_by_user(django.conf, "task_acks_late")
+    assert not internals.set_by_user(django.conf, "worker_prefetch_multiplier")
+
+
+def test_priority_list_names_kombus_redis_list_for_each_step() -> None:
+    from kombu.transport.redis import Channel
+
+    channel = mock.Mock(spec=Channel, sep="\x06\x16", priority_steps=[0, 3, 6, 9])
+    channel.priority = Channel.priority.__get__(channel)
+    channel._q_for_pri = Channel._q_for_pri.__get__(channel)
+    assert internals.priority_list(channel, "documents", 0) == "documents"
+    assert internals.priority_list(channel, "documents", 3) == "documents\x06\x163"
