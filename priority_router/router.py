@@ -109,9 +109,8 @@ class PriorityRouter:
         self.limit_store = LimitStore(redis_client, config.key_prefix)
         #: The gate's per-client state: running, held (``store/gate.py``).
         self.gate_store = GateStore(redis_client, config.key_prefix, config.lease)
-        self._warned: set[str] = set()
-        self._bad_tiers: set[str] = set()
-        self._bad_costs: set[object] = set()
+        #: What was said once, by kind: the clients and tasks already warned about.
+        self._said: dict[str, set[object]] = {}
         #: Whether any costed document has been counted under the prefix (``store/costs.py``).
         self.costs_in_use = CostsInUse(redis_client, config.key_prefix)
         #: The store the mode counts in: what ``peek``, ``state``, ``reset`` and the CLI read.
@@ -443,10 +442,17 @@ class PriorityRouter:
         return self._units_or_one(cost, client_id)
 
     def warn_once(self, key: str, message: str, *args: object) -> None:
-        if key in self._warned or len(self._warned) > 1000:
-            return
-        self._warned.add(key)
-        logger.error(message, *args)
+        """Log ``message`` as an ERROR the first time ``key`` is given."""
+        if self._first_time("warning", key):
+            logger.error(message, *args)
+
+    def _first_time(self, kind: str, key: object) -> bool:
+        """Whether ``key`` is new among those said of ``kind`` (at most 1000 kept per kind)."""
+        said = self._said.setdefault(kind, set())
+        if key in said or len(said) >= 1000:
+            return False
+        said.add(key)
+        return True
 
     def _count(
         self, client: str, task_id: str | None, tiered: bool, units: int = ONE
@@ -474,8 +480,7 @@ class PriorityRouter:
         try:
             return cost_units(cost)
         except InvalidCost as exc:
-            if len(self._bad_costs) < 1000 and client_id not in self._bad_costs:
-                self._bad_costs.add(client_id)
+            if self._first_time("cost", client_id):
                 logger.error(
                     "priority-router: a document of client %r: %s; it is counted as 1", client_id, exc
                 )
@@ -511,9 +516,8 @@ class PriorityRouter:
         return Decision(client_id, pending, priority, tier=tier.applied_as(source), cost=cost)
 
     def _warn_bad_tier(self, client_id: str, exc: ConfigurationError) -> None:
-        if client_id in self._bad_tiers or len(self._bad_tiers) > 1000:
+        if not self._first_time("tier", client_id):
             return
-        self._bad_tiers.add(client_id)
         logger.error(
             "priority-router: the tier of client %r at %s is unreadable (%s); its documents "
             "get the threshold table's priority. Fix: %s",
