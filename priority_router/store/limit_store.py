@@ -115,9 +115,12 @@ class LimitStore:
             self._until = now + self.refresh
             try:
                 version = self._redis.get(self._version)
-                if version != self._seen or version is None:
+                if version is None:
+                    # No limit was ever stored under the prefix (setting any raises the version).
+                    self._snapshot = Snapshot()
+                elif version != self._seen:
                     self._snapshot = self._read()
-                    self._seen = version
+                self._seen = version
             except redis.RedisError:
                 pass  # the gate's own calls fail too, and its breaker says so
         return self._snapshot
