@@ -99,11 +99,6 @@ class Change:
         return f"{self.shown(self.wanted)} (now {current})"
 
 
-def is_explicit(app: Celery, key: str) -> bool:
-    """Whether ``key`` was set by the user rather than left at Celery's default."""
-    return set_by_user(app.conf, key)
-
-
 # -- what the app lacks -----------------------------------------------------------------
 
 
@@ -147,7 +142,7 @@ def _setting(app: Celery, key: str, wanted: object, applied: Mapping[str, object
     if current == wanted:
         return None
     ours = key in applied and applied[key] == current
-    return Change(Where.SETTING, key, current, wanted, kept=not ours and is_explicit(app, key))
+    return Change(Where.SETTING, key, current, wanted, kept=not ours and set_by_user(app.conf, key))
 
 
 def _redis_connections(app: Celery, pool: WorkerPool, applied: Mapping[str, object]) -> list[Change]:

@@ -34,8 +34,6 @@ publishing_app: ContextVar[Celery | None] = ContextVar("priority_router_app", de
 #: Set while a message already stamped is sent again (it must not be counted twice).
 republishing: ContextVar[bool] = ContextVar("priority_router_republishing", default=False)
 
-_BUILDER = SENDER_BUILDER
-_SENDER = SENDER
 _WRAPPED = "_priority_router_wrapped"
 
 
@@ -45,10 +43,10 @@ def wrap_sender(app: Celery, on_build: Callable[[Celery], None], demotes: Callab
     amqp = app.amqp
     if amqp.__dict__.get(_WRAPPED):
         return
-    built = amqp.__dict__.get(_SENDER)
+    built = amqp.__dict__.get(SENDER)
     if built is not None:
         on_build(app)
-        amqp.__dict__[_SENDER] = _wrap(app, built, demotes)
+        amqp.__dict__[SENDER] = _wrap(app, built, demotes)
     else:
         build = sender_builder(amqp)
 
@@ -56,7 +54,7 @@ def wrap_sender(app: Celery, on_build: Callable[[Celery], None], demotes: Callab
             on_build(app)
             return _wrap(app, build(), demotes)
 
-        amqp.__dict__[_BUILDER] = create_task_sender
+        amqp.__dict__[SENDER_BUILDER] = create_task_sender
     amqp.__dict__[_WRAPPED] = True
 
 
@@ -65,11 +63,11 @@ def unwrap_sender(app: Celery) -> None:
     amqp = app.amqp
     if not amqp.__dict__.pop(_WRAPPED, False):
         return
-    amqp.__dict__.pop(_BUILDER, None)
-    sender = amqp.__dict__.get(_SENDER)
+    amqp.__dict__.pop(SENDER_BUILDER, None)
+    sender = amqp.__dict__.get(SENDER)
     original = getattr(sender, "__wrapped__", None)
     if original is not None:
-        amqp.__dict__[_SENDER] = original
+        amqp.__dict__[SENDER] = original
 
 
 def _wrap(app: Celery, send: Callable[..., Any], demotes: Callable[[Celery], bool]) -> Callable[..., Any]:

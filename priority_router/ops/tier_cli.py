@@ -137,11 +137,11 @@ def set_tier(
     except ConfigurationError as exc:
         fail(str(exc), 2)
     router = router_for(ctx, app_name)
-    settings = {
+    settings: dict[str, Any] = {
         "weight": chosen.weight,
         "shift": chosen.shift,
         "fixed": chosen.fixed,
-        **limits_settings(limits),
+        **limits.as_dict(),
     }
     try:
         if client is None:
@@ -172,16 +172,6 @@ def set_tier(
         )
     if not router.config.tiers:
         click.echo(TIERS_OFF_NOTE)
-
-
-def limits_settings(limits: Limits) -> dict[str, Any]:
-    return {
-        "max_in_flight": limits.max_in_flight,
-        "borrow": limits.borrow,
-        "rate": limits.rate,
-        "burst": limits.burst,
-        "max_cost_in_flight": limits.max_cost_in_flight,
-    }
 
 
 @tier.command()
