@@ -147,3 +147,16 @@ def test_with_nothing_held_a_sweep_looks_again_when_the_first_lease_runs_out(gat
     released = gate.end("acme", "a", cap, now_ms=NOW + 10)  # b is released; say its releaser dies
     assert (released.state, released.due_ms) == ("lease", NOW + 10 + gate.lease_ms + 1)
     assert gate.end("acme", "b", cap, now_ms=NOW + 20).state == "none"
+
+
+def test_a_workers_snapshot_reads_limits_only_once_some_are_stored(
+    client: redis.Redis, key_prefix: str
+) -> None:
+    from priority_router.store.limit_store import LimitStore, Snapshot
+
+    worker, operator = LimitStore(client, key_prefix, refresh=0), LimitStore(client, key_prefix)
+    assert worker.snapshot() == Snapshot()
+    operator.set("acme", Limits(max_in_flight=2))
+    assert worker.snapshot().of("acme") == Limits(max_in_flight=2)
+    operator.set_default(Limits(rate="5/s"))
+    assert worker.snapshot().of("anyone") == Limits(rate="5/s")
