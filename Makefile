@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test shapes kill-matrix matrix lint bench demo celery-suite clean
+.PHONY: test shapes kill-matrix matrix lint docs bench demo celery-suite clean
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" || { echo "make: Python 3.10 or newer is needed (set PYTHON=...)"; exit 1; }
@@ -43,6 +43,11 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+## The documentation site (mkdocs with Material, mkdocs.yml) into site/; any warning (a broken
+## link or anchor, a page missing from the nav, a bad API reference) fails it.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
 ## Plain Celery vs the router on a noisy-neighbour workload; writes demo-results.png.
 demo: $(STAMP)
 	$(BIN)/priority-router demo $(DEMO_ARGS)
@@ -66,4 +71,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/fairness.py
 
 clean:
-	rm -rf $(VENV) .nox .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .nox .pytest_cache .mypy_cache .ruff_cache site

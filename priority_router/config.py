@@ -26,63 +26,166 @@ CostGetter = Callable[[str, tuple[Any, ...], dict[str, Any], dict[str, Any]], ob
 
 ENV_PREFIX = "PRIORITY_ROUTER_"
 CELERY_PREFIX = "priority_router_"
-#: Fields that only Python can give (not an environment variable's text).
-_PYTHON_ONLY = {"not_text": True}
 #: Shortest idle reset accepted, in seconds.
 MIN_RESET_INTERVAL = 1.0
 #: The counting modes: what a client's pending count measures.
 MODES = ("seed", "inflight")
+
+#: Turns a setting's text (an environment variable, a string in Celery's configuration)
+#: into its value; the second argument names where the text came from, for errors.
+TextParser = Callable[[str, str], Any]
+
+
+def _text(raw: str, where: str) -> str:
+    return raw
+
+
+def _seconds(raw: str, where: str) -> float:
+    try:
+        return float(raw.strip())
+    except ValueError:
+        raise ConfigurationError(where, f"{raw!r} is not a number", "set it to seconds, e.g. 1500") from None
+
+
+def _whole(raw: str, where: str) -> int:
+    try:
+        return int(raw.strip())
+    except ValueError:
+        raise ConfigurationError(where, f"{raw!r} is not a whole number", "write digits, e.g. 5") from None
+
+
+def _flag(raw: str, where: str) -> bool:
+    text = raw.strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ConfigurationError(where, f"{raw!r} is not a boolean", "set it to true or false")
+
+
+def _names(raw: str, where: str) -> tuple[str, ...] | None:
+    return tuple(t.strip() for t in raw.split(",") if t.strip()) or None
+
+
+def _or_none(parse: TextParser) -> TextParser:
+    def parse_or_none(raw: str, where: str) -> Any:
+        return None if raw.strip().lower() in ("", "none") else parse(raw, where)
+
+    return parse_or_none
+
+
+def setting(default: Any, meaning: str, text: TextParser | None = _text, shown: str | None = None) -> Any:
+    """A :class:`RouterConfig` field: its default, what it means (the configuration
+    reference's text), how its text is parsed (None: Python only, no environment variable),
+    and how the reference shows its default when ``repr`` would not do."""
+    return field(default=default, metadata={"meaning": meaning, "text": text, "shown": shown})
 
 
 @dataclass(frozen=True)
 class RouterConfig:
     """Every setting of a :class:`~priority_router.PriorityRouter`, validated on creation.
 
-    Every field except ``thresholds`` and ``client_id_getter`` can also be given as text
-    (an environment variable, or a string in Celery's configuration).
+    Each field's metadata holds its meaning and how its text is parsed; the configuration
+    reference (docs/configuration.md) is generated from it.
     """
 
-    redis_url: str = "redis://localhost:6379/0"
-    reset_interval: float = 1500.0
-    thresholds: Policy = field(default=DEFAULT_THRESHOLDS, metadata=_PYTHON_ONLY)
-    default_priority: int = 5
-    key_prefix: str = "priority-router:"
-    client_id_header: str = "client_id"
-    client_id_kwarg: str = "client_id"
-    client_id_getter: ClientIdGetter | None = field(default=None, metadata=_PYTHON_ONLY)
-    #: A document's cost when its ``priority_router_cost`` header gives none; None: 1.
-    cost_getter: CostGetter | None = field(default=None, metadata=_PYTHON_ONLY)
-    #: Task names or globs whose publishes are counted; None counts every task.
-    tasks: tuple[str, ...] | None = None
-    #: Seconds the counter may take to connect / to answer before publishing fails open.
-    connect_timeout: float = 0.05
-    socket_timeout: float = 0.05
-    #: Seconds the router stops asking a failed counter store before probing again.
-    cooldown: float = 5.0
-    #: Append the decision to each message's ``kwargsrepr`` so Flower shows and finds it.
-    flower_kwargsrepr: bool = True
-    #: Record Prometheus metrics in the default registry (needs the ``metrics`` extra).
-    metrics: bool = False
-    #: Port on which each worker serves Prometheus metrics; implies ``metrics``.
-    metrics_port: int | None = None
-    #: Seconds between a publisher's checks that every worker consuming its queues can
-    #: see every priority it sends (0 turns the check off).
-    consumer_check_interval: float = 60.0
-    #: Decide, count and show each document's priority (headers, Flower, metrics, CLI)
-    #: without applying it: the broker and the app get what plain Celery gives them.
-    dry_run: bool = False
-    #: What a client's count measures: "seed" (documents submitted in the busy spell, the
-    #: published scheme) or "inflight" (documents published and not yet finished).
-    mode: str = "seed"
-    #: Seconds after which a waiting document is served before fresher ones, oldest first,
-    #: whatever its priority (anti-starvation; Redis broker only).  None turns it off.
-    max_wait: float | None = None
-    #: Read each client's tier (``priority-router tier set``) inside its check, and the
-    #: default tier every few seconds.  False sends the bare check and ignores tiers.
-    tiers: bool = True
-    #: Seconds a worker's gated document keeps its client's slot (``max_in_flight``) without
-    #: the worker renewing it: a crashed worker's slots come back within this time.
-    lease: float = 30.0
+    redis_url: str = setting(
+        "redis://localhost:6379/0",
+        "The counter store: `redis://`, `rediss://` (TLS), `unix://`, "
+        "`redis+sentinel://host:26379[,host2:26379]/service_name[/db]` or "
+        "`redis+cluster://host:port[,host:port]`.",
+    )
+    reset_interval: float = setting(
+        1500.0,
+        "Seconds without a document after which a client's count starts again from 0 (at least 1).",
+        _seconds,
+    )
+    thresholds: Policy = setting(
+        DEFAULT_THRESHOLDS,
+        "The table that turns a pending count into a priority: a `Policy`, or `(limit, priority)` rows.",
+        None,
+        "DEFAULT_THRESHOLDS",
+    )
+    default_priority: int = setting(
+        5,
+        "The priority of a document without a client id, and of every document while the store fails.",
+        _whole,
+    )
+    key_prefix: str = setting("priority-router:", "The prefix of every key the router writes (no braces).")
+    client_id_header: str = setting("client_id", "The message header that names a document's client.")
+    client_id_kwarg: str = setting(
+        "client_id", "The task keyword argument that names the client when the header does not."
+    )
+    client_id_getter: ClientIdGetter | None = setting(
+        None,
+        "`f(task_name, args, kwargs, headers) -> client id`, asked when neither the header nor "
+        "the keyword names one.",
+        None,
+    )
+    cost_getter: CostGetter | None = setting(
+        None,
+        "`f(task_name, args, kwargs, headers) -> cost`, asked when a publish has no "
+        "`priority_router_cost` header; None counts 1.",
+        None,
+    )
+    tasks: tuple[str, ...] | None = setting(
+        None,
+        "Task names or globs whose publishes are counted (comma-separated as text); None counts every task.",
+        _or_none(_names),
+    )
+    connect_timeout: float = setting(
+        0.05, "Seconds the counter store may take to connect before a publish fails open.", _seconds
+    )
+    socket_timeout: float = setting(
+        0.05, "Seconds the counter store may take to answer before a publish fails open.", _seconds
+    )
+    cooldown: float = setting(
+        5.0, "Seconds the router stops asking a failed counter store before probing it again.", _seconds
+    )
+    flower_kwargsrepr: bool = setting(
+        True, "Append each document's decision to its `kwargsrepr`, so Flower shows and finds it.", _flag
+    )
+    metrics: bool = setting(
+        False, "Record Prometheus metrics in the default registry (the `metrics` extra).", _flag
+    )
+    metrics_port: int | None = setting(
+        None, "The port on which each worker serves Prometheus metrics; implies `metrics`.", _or_none(_whole)
+    )
+    consumer_check_interval: float = setting(
+        60.0,
+        "Seconds between a publisher's checks that every worker consuming its queues can see "
+        "every priority it sends; 0 turns the check off.",
+        _seconds,
+    )
+    dry_run: bool = setting(
+        False,
+        "Decide, count and show each document's priority without applying it: the broker and "
+        "the app get what plain Celery gives them.",
+        _flag,
+    )
+    mode: str = setting(
+        "seed",
+        "What a client's count measures: `seed` (documents submitted in the busy spell, the "
+        "specified scheme) or `inflight` (documents published and not yet finished).",
+    )
+    max_wait: float | None = setting(
+        None,
+        "Seconds after which a waiting document is served before fresher ones, oldest first "
+        "(Redis broker only); None turns it off.",
+        _or_none(_seconds),
+    )
+    tiers: bool = setting(
+        True,
+        "Read each client's tier inside its check once any tier is stored, and the default "
+        "tier every few seconds; False ignores tiers.",
+        _flag,
+    )
+    lease: float = setting(
+        30.0,
+        "Seconds a worker's gated document keeps its client's slot without the worker renewing "
+        "it: a killed worker's slots come back within this time (at least 3).",
+        _seconds,
+    )
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -185,7 +288,7 @@ def env_values(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     found = {}
     for f in fields(RouterConfig):
         raw = environ.get(_env_name(f.name))
-        if raw is not None and not f.metadata.get("not_text"):
+        if raw is not None and f.metadata["text"] is not None:
             found[f.name] = _parse(f, raw, _env_name(f.name))
     return found
 
@@ -213,9 +316,8 @@ def unknown_celery_settings(conf: Mapping[str, Any]) -> list[str]:
 
 
 def _parse(f: Field[Any], raw: str, where: str) -> Any:
-    if f.type == "str" or f.metadata.get("not_text"):
-        return raw
-    return _from_text(f.name, str(f.type), raw, where)
+    parse = f.metadata["text"]
+    return raw if parse is None else parse(raw, where)
 
 
 def celery_name(name: str) -> str:
@@ -229,35 +331,6 @@ def _env_name(name: str) -> str:
 def _did_you_mean(name: str, known: set[str]) -> str:
     close = difflib.get_close_matches(name, list(known), n=1)
     return f" (did you mean {close[0]}?)" if close else ""
-
-
-def _from_text(name: str, kind: str, raw: str, where: str) -> Any:
-    text = raw.strip()
-    if "None" in kind and text.lower() in ("", "none"):
-        return None
-    if name == "tasks":
-        return tuple(t.strip() for t in text.split(",") if t.strip()) or None
-    if kind.startswith("bool"):
-        if text.lower() in ("1", "true", "yes", "on"):
-            return True
-        if text.lower() in ("0", "false", "no", "off"):
-            return False
-        raise ConfigurationError(where, f"{raw!r} is not a boolean", "set it to true or false")
-    if kind.startswith("float"):
-        try:
-            return float(text)
-        except ValueError:
-            raise ConfigurationError(
-                where, f"{raw!r} is not a number", "set it to seconds, e.g. 1500"
-            ) from None
-    if kind.startswith("int"):
-        try:
-            return int(text)
-        except ValueError:
-            raise ConfigurationError(
-                where, f"{raw!r} is not a whole number", "write digits, e.g. 5"
-            ) from None
-    return raw
 
 
 def _positive(name: str, value: object) -> float:
