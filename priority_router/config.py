@@ -279,6 +279,7 @@ class RouterConfig:
         return cls.from_mapping({**env_values(environ), **given}, _env_name)
 
     def as_dict(self) -> dict[str, Any]:
+        """Every setting by name."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 

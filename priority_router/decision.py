@@ -7,12 +7,19 @@ from enum import Enum
 
 
 class Reason(str, Enum):
+    """How a document's priority was decided: the ``priority_router_reason`` header."""
+
+    #: Counted for its client, priced by the table (and its tier).
     COUNTED = "counted"
     #: The caller set ``priority=`` (per call, on the task, or by a route): kept as given.
     EXPLICIT = "explicit"
+    #: Published from inside a task, for the same client or none: the parent's priority.
     INHERITED = "inherited"
+    #: No client id: ``default_priority``.
     NO_CLIENT = "no-client"
+    #: A task outside ``tasks=``: not counted, and keeps the priority Celery gives it.
     NOT_COUNTED = "not-counted"
+    #: The counter store failed (or its breaker is open): ``default_priority``.
     FAIL_OPEN = "fail-open"
 
 

@@ -134,6 +134,7 @@ class Limits:
         return " ".join(words)
 
     def as_dict(self) -> dict[str, object]:
+        """The limits as the keywords of ``set_tier`` (``--json`` output)."""
         return {
             "max_in_flight": self.max_in_flight,
             "max_cost_in_flight": self.max_cost_in_flight,

@@ -105,6 +105,7 @@ class Tier:
         return " ".join(filter(None, (priority, self.limits.describe()))) or "neutral"
 
     def with_limits(self, limits: Limits) -> Tier:
+        """The same tier with ``limits`` instead of its own."""
         return Tier(self.weight, self.shift, self.fixed, limits)
 
     def applied_as(self, source: str) -> str:
@@ -113,6 +114,7 @@ class Tier:
         return f"{source}: {self.describe()}"
 
     def as_dict(self) -> dict[str, object]:
+        """The tier as the keywords of ``set_tier`` (``--json`` output)."""
         return {"weight": self.weight, "shift": self.shift, "fixed": self.fixed, **self.limits.as_dict()}
 
 
