@@ -65,8 +65,6 @@ class Installation:
     watch: ConsumerWatch | None = None
     #: Warnings already given for this app (each is said once).
     warned: set[str] = field(default_factory=set)
-    #: Quorum queues among the app's queues, found when it last settled (RabbitMQ).
-    quorum_queues: list[str] = field(default_factory=list)
     #: The app's ``priority_router_*`` settings the router last followed.
     celery_settings: dict[str, Any] | None = None
     #: The worker's max_wait sweeper (Redis), once the worker is ready.
@@ -258,9 +256,11 @@ def _apply(app: Celery, installation: Installation, transport: Transport, change
     installation.applied.update(apply_changes(app, changes))
     warn_kept(changes, warned)
     if transport is Transport.AMQP:
-        installation.quorum_queues = quorum = quorum_queue_names(app)
+        quorum = quorum_queue_names(app)
+        # INFO here, in every process that loads the app: a worker says what its own quorum
+        # queues do on its server, at WARNING (check_worker_queues), and doctor fails them.
         if quorum and first_time(warned, "quorum"):
-            logger.warning(
+            logger.info(
                 "priority-router: queues %s are quorum queues. %s", ", ".join(quorum), QUORUM_PRIORITIES
             )
 
@@ -336,7 +336,7 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
         # send no celeryd_init); the consumer is built from this attribute later.
         sender.prefetch_multiplier = int(wanted)
     if transport is Transport.AMQP:
-        check_worker_queues(app, installation.quorum_queues)
+        check_worker_queues(app)
 
 
 def _say_started(app: Celery, installation: Installation, transport: Transport) -> None:

@@ -10,9 +10,11 @@ from __future__ import annotations
 import logging
 import re
 import shlex
+from collections.abc import Iterable
 from typing import Any
 
 from celery import Celery
+from celery import __version__ as celery_version
 from celery.app.defaults import DEFAULTS as CELERY_DEFAULTS
 
 from ..errors import ConfigurationError
@@ -66,7 +68,7 @@ def is_quorum(queue: Any) -> bool:
 
 
 def queue_type_setting(conf: Any, key: str) -> Any:
-    """``conf[key]`` for a queue-type setting, None where this Celery has no such setting
+    """``conf[key]`` for a setting of some Celery releases only, None where this one has none
     (``task_default_queue_type`` is Celery 5.5's, ``task_create_missing_queue_type`` 5.6's):
     an older Celery ignores it and declares classic queues."""
     return conf.get(key) if key in CELERY_DEFAULTS else None
@@ -123,6 +125,30 @@ def quorum_note(version: tuple[int, ...] | None) -> tuple[bool, str]:
             "are served before 6-9 (about 2:1, not strictly)"
         )
     return True, f"RabbitMQ {shown}: quorum queues serve all nine levels strictly"
+
+
+#: Why a worker that asks for a global QoS cannot consume a quorum queue, and the fix.
+QUORUM_WITHOUT_DETECTION = (
+    f"Celery {celery_version}'s worker asks RabbitMQ for a global QoS, which quorum queues refuse "
+    "(NOT_IMPLEMENTED ... does not support global qos), so it reconnects again and again without "
+    "consuming them, with or without the router"
+)
+QUORUM_DETECTION_FIX = (
+    "Celery 5.6 or later with worker_detect_quorum_queues on (its default), or classic queues"
+)
+
+
+def celery_consumes_quorum(conf: Any) -> bool:
+    """Whether this Celery's workers, so configured, can consume quorum queues (Celery
+    before 5.5 has no ``worker_detect_quorum_queues`` and always asks for a global QoS)."""
+    return bool(queue_type_setting(conf, "worker_detect_quorum_queues"))
+
+
+def classic_fix(app: Celery) -> str:
+    """How to make the app's quorum queues classic, in this Celery's terms."""
+    if queue_type_setting(app.conf, "task_default_queue_type") == "quorum":
+        return "use classic queues (task_default_queue_type='classic')"
+    return "declare these queues as classic ones (without x-queue-type: quorum)"
 
 
 def server_version(conn: Any) -> tuple[int, ...] | None:
@@ -182,9 +208,12 @@ def demote_to_fifo(app: Celery, queue_name: str) -> None:
         )
 
 
-def verify_priority_queues(app: Celery, create: bool = True) -> list[str]:
-    """Declare each queue the app uses; raise :class:`QueueNotPriorityError` on the first
-    that exists without matching priority arguments.  Returns the queue names checked.
+def verify_priority_queues(
+    app: Celery, create: bool = True, queues: Iterable[Any] | None = None
+) -> list[str]:
+    """Declare each queue the app uses (or ``queues``); raise :class:`QueueNotPriorityError`
+    naming those that exist without matching priority arguments.  Returns the queue names
+    checked.
 
     With ``create=False`` a queue that does not exist yet is left uncreated (and unlisted).
     """
@@ -193,7 +222,7 @@ def verify_priority_queues(app: Celery, create: bool = True) -> list[str]:
     checked, refused, detail = [], [], ""
     with app.connection_for_write() as conn:
         vhost = str(conn.virtual_host or "/")
-        for queue in app.amqp.queues.values():
+        for queue in app.amqp.queues.values() if queues is None else queues:
             channel = conn.channel()
             try:
                 if not create:
@@ -225,11 +254,13 @@ def rabbitmq_version(app: Celery) -> tuple[int, ...] | None:
         return server_version(conn)
 
 
-def check_worker_queues(app: Celery, quorum: list[str]) -> None:
-    """At worker start: refuse a queue RabbitMQ would serve in arrival order, and say
-    what quorum queues do with priorities on this server."""
+def check_worker_queues(app: Celery) -> None:
+    """At worker start: refuse a queue this worker consumes (``-Q``) that RabbitMQ would
+    serve in arrival order, and say what its quorum queues do with priorities here."""
+    # After -Q (the worker selects its queues before worker_init), the queues it consumes.
+    consumed = list(app.amqp.queues.consume_from.values())
     try:
-        verify_priority_queues(app)
+        verify_priority_queues(app, queues=consumed)
     except QueueNotPriorityError as exc:
         logger.critical("priority-router: %s", exc)
         # Signal receivers' exceptions are only logged by Celery; SystemExit is not.
@@ -239,15 +270,25 @@ def check_worker_queues(app: Celery, quorum: list[str]) -> None:
             + ", ".join(repr(q) for q in exc.queues)
             + " in arrival order (the priority-router line above says why and how to fix it)"
         ) from None
+    quorum = sorted(q.name for q in consumed if is_quorum(q))
     if not quorum:
         return
-    honoured, note = quorum_note(rabbitmq_version(app))
+    version = rabbitmq_version(app)
+    honoured, note = quorum_note(version)
     if honoured:
         logger.warning("priority-router: queues %s are quorum queues. %s", ", ".join(quorum), note)
     else:
         logger.warning(
             "priority-router: queues %s are quorum queues and %s. Fix: upgrade to RabbitMQ 4.0 or "
-            "later, or use classic queues (task_default_queue_type='classic')",
+            "later, or %s",
             ", ".join(quorum),
             note,
+            classic_fix(app),
+        )
+    if not celery_consumes_quorum(app.conf):
+        logger.critical(
+            "priority-router: queues %s: %s. Fix: %s",
+            ", ".join(quorum),
+            QUORUM_WITHOUT_DETECTION,
+            QUORUM_DETECTION_FIX,
         )

@@ -32,7 +32,11 @@ from ..integration.consumers import FIX, blind_workers
 from ..integration.install import STOPGAP, applied_settings, unpriced_effect
 from ..integration.pools import WorkerPool, pool_named
 from ..integration.rabbitmq import (
+    QUORUM_DETECTION_FIX,
+    QUORUM_WITHOUT_DETECTION,
     QueueNotPriorityError,
+    celery_consumes_quorum,
+    classic_fix,
     is_quorum,
     quorum_note,
     rabbitmq_version,
@@ -329,8 +333,15 @@ def _check_amqp_queues(app: Celery, transport: Transport) -> Iterator[Finding]:
             "quorum",
             honoured,
             f"queues {', '.join(quorum)} are quorum queues. {note}",
-            "" if honoured else "upgrade to RabbitMQ 4.0 or later, or use classic queues",
+            "" if honoured else f"upgrade to RabbitMQ 4.0 or later, or {classic_fix(app)}",
         )
+        if not celery_consumes_quorum(app.conf):
+            yield Finding(
+                "quorum",
+                False,
+                f"queues {', '.join(quorum)}: {QUORUM_WITHOUT_DETECTION}",
+                QUORUM_DETECTION_FIX,
+            )
     bare = [
         q
         for q in queues
@@ -366,7 +377,8 @@ def _check_amqp_queues(app: Celery, transport: Transport) -> Iterator[Finding]:
     except QueueNotPriorityError as exc:
         yield Finding("x-max-priority", False, exc.problem, exc.fix)
         return
-    missing = [q.name for q in queues if q.name not in checked]
+    missing = [q.name for q in queues if q.name not in checked and not is_quorum(q)]
+    checked = [name for name in checked if name not in quorum]
     detail = "priority queues: " + (", ".join(checked) or "none declared yet")
     if missing:
         detail += f"; not created yet (a worker will declare them with priorities): {', '.join(missing)}"

@@ -10,10 +10,19 @@ import pytest
 from celery import Celery
 from kombu import Connection, Queue
 from support.broker import drain
-from support.services import ROOT, close_app, counter_db_url, worker_command, worker_environment
+from support.services import (
+    ROOT,
+    close_app,
+    counter_db_url,
+    running_worker,
+    worker_command,
+    worker_environment,
+)
 
 from priority_router import headers as H
+from priority_router.integration import rabbitmq
 from priority_router.integration.rabbitmq import QueueNotPriorityError, verify_priority_queues
+from priority_router.ops.doctor import diagnose
 from workers.app import create_app
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.compat]
@@ -67,6 +76,24 @@ def test_worker_refuses_to_start_on_a_fifo_queue(
     assert fifo_queue in proc.stderr + proc.stdout
 
 
+def test_a_worker_checks_only_the_queues_it_consumes(
+    fifo_queue: str, amqp_url: str, redis_server_url: str
+) -> None:
+    """The app's default queue is a FIFO queue, but this worker consumes another (``-Q``):
+    it starts, and its own queue becomes a priority queue."""
+    other = f"pri-{uuid.uuid4().hex[:8]}"
+    env = _env(amqp_url, redis_server_url, fifo_queue)
+    try:
+        with running_worker(env, "--pool", "solo", "-Q", other) as worker:
+            assert fifo_queue not in worker.output()
+        with Connection(amqp_url) as conn:
+            # Declared by the worker with the router's arguments: redeclaring it so passes.
+            Queue(other, channel=conn.default_channel, queue_arguments={"x-max-priority": 10}).declare()
+    finally:
+        with Connection(amqp_url) as conn:
+            conn.default_channel.queue_delete(other)
+
+
 def test_fresh_queue_is_declared_as_priority_queue(amqp_url: str, redis_server_url: str) -> None:
     queue = f"fresh-{uuid.uuid4().hex[:8]}"
     app = create_app(_env(amqp_url, redis_server_url, queue))
@@ -95,3 +122,28 @@ def test_publishing_to_a_fifo_queue_still_delivers_and_says_so_once(
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1
     assert fifo_queue in errors[0] and "delete" in errors[0]
+
+
+def test_doctor_does_not_call_a_quorum_queue_a_priority_queue(
+    amqp_url: str, redis_server_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    classic, quorum = f"c-{uuid.uuid4().hex[:8]}", f"q-{uuid.uuid4().hex[:8]}"
+    app: Celery = create_app(_env(amqp_url, redis_server_url, classic))
+    app.conf.task_queues = [Queue(classic), Queue(quorum, queue_arguments={"x-queue-type": "quorum"})]
+    try:
+        verify_priority_queues(app)  # as a worker would: both exist now
+        findings = {(f.check, f.ok): f for f in diagnose(app)}
+        priority = findings[("x-max-priority", True)]
+        assert classic in priority.detail and quorum not in priority.detail
+        assert quorum in findings[("quorum", False)].detail  # RabbitMQ 3.x: no priorities
+        # A Celery without worker_detect_quorum_queues (5.4) cannot consume it at all.
+        assert not any("global QoS" in f.detail for f in findings.values())
+        known = {k: v for k, v in rabbitmq.CELERY_DEFAULTS.items() if k != "worker_detect_quorum_queues"}
+        monkeypatch.setattr(rabbitmq, "CELERY_DEFAULTS", known)
+        cannot = [f for f in diagnose(app) if "global QoS" in f.detail]
+        assert len(cannot) == 1 and not cannot[0].ok and "Celery 5.6" in cannot[0].fix
+    finally:
+        with Connection(amqp_url) as conn:
+            for name in (classic, quorum):
+                conn.default_channel.queue_delete(name)
+        close_app(app)

@@ -207,7 +207,7 @@ def test_sender_settings_changed_after_install_are_honoured() -> None:
 def test_quorum_default_queue_gets_no_max_priority(caplog: pytest.LogCaptureFixture) -> None:
     app = Celery("a", broker="amqp://guest:guest@127.0.0.1:1//", set_as_current=False)
     app.conf.task_default_queue_type = "quorum"
-    with caplog.at_level(logging.WARNING, "priority_router"):
+    with caplog.at_level(logging.INFO, "priority_router"):
         router().install(app)
         assert app.amqp.default_queue.queue_arguments == {"x-queue-type": "quorum"}
     assert app.conf.task_queue_max_priority is None
