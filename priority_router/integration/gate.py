@@ -186,7 +186,9 @@ def end_gated(
 def _republish(app: Celery, router: PriorityRouter, client: str, released: list[tuple[str, bytes]]) -> None:
     for task_id, message in released:
         try:
-            publish(app, message)
+            # Marked as gated: its slot is reserved, and its end must free it even if its
+            # client's limits are lifted by the time it runs.
+            publish(app, message, {H.GATED: True})
         except Exception as exc:
             # Its slot stays reserved with the message kept: the lease gives it back.
             logger.error(

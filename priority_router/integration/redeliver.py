@@ -1,5 +1,5 @@
 """A held document's message: kept in the counter store as the broker delivered it, and
-published again, unchanged, when the gate releases it (``gate.py``).
+published again when the gate releases it (``gate.py``), unchanged but for the gate's mark.
 
 The stored form is JSON: the body (base64, still serialized and compressed as it came),
 its content type and encoding, the headers, the properties a consumer reads (priority,
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from celery import Celery
@@ -46,15 +47,16 @@ def pack(message: Any) -> bytes:
         raise Unstorable(f"its headers cannot be stored as JSON: {exc}") from None
 
 
-def publish(app: Celery, packed: bytes) -> None:
-    """Publish a stored message again, to the exchange and routing key it first went to."""
+def publish(app: Celery, packed: bytes, marks: Mapping[str, Any] | None = None) -> None:
+    """Publish a stored message again, to the exchange and routing key it first went to,
+    with ``marks`` added to its headers."""
     stored = json.loads(packed)
     with app.producer_or_acquire() as producer:
         producer.publish(
             base64.b64decode(stored["body"]),
             exchange=stored["exchange"],
             routing_key=stored["routing_key"],
-            headers=stored["headers"],
+            headers={**stored["headers"], **(marks or {})},
             content_type=stored["content_type"],
             content_encoding=stored["content_encoding"],
             retry=True,
