@@ -1,50 +1,22 @@
-"""The document workers' Celery app, configured from the environment.
-
-| variable | default |
-|---|---|
-| ``BROKER_URL`` | ``redis://localhost:6379/0`` |
-| ``RESULT_BACKEND`` | unset (no results kept) |
-| ``DOCUMENT_QUEUE`` | ``documents`` |
-| ``WORKER_INCLUDE`` | extra task modules, comma-separated |
-| ``BROKER_TRANSPORT_OPTIONS`` | JSON object, e.g. ``{"visibility_timeout": 7200}`` |
-| ``WORKERS_ROUTER`` | ``on``; ``off`` runs plain Celery (the demo's and benchmarks' baseline) |
-| ``PRIORITY_ROUTER_*`` | see the README's configuration reference |
+"""The example document workers' Celery app, configured from the environment as
+``priority_router.demo.app.create_app`` describes (``BROKER_URL``, ``RESULT_BACKEND``,
+``DOCUMENT_QUEUE``, ``WORKER_INCLUDE``, ``BROKER_TRANSPORT_OPTIONS``, ``WORKERS_ROUTER``
+and the ``PRIORITY_ROUTER_*`` variables).
 
 Start it with ``celery -A workers.app worker``.
 """
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Mapping
 
 from celery import Celery
 
-from priority_router import PriorityRouter
+from priority_router.demo import app as demo_app
 
 
 def create_app(environ: Mapping[str, str] | None = None) -> Celery:
-    env = os.environ if environ is None else environ
-    extra = [m.strip() for m in env.get("WORKER_INCLUDE", "").split(",") if m.strip()]
-    app = Celery("workers", include=["workers.tasks", *extra])
-    app.conf.update(
-        broker_url=env.get("BROKER_URL", "redis://localhost:6379/0"),
-        result_backend=env.get("RESULT_BACKEND") or None,
-        task_default_queue=env.get("DOCUMENT_QUEUE", "documents"),
-        task_serializer="json",
-        result_serializer="json",
-        accept_content=["json"],
-        result_accept_content=["json"],
-        task_send_sent_event=True,
-        worker_send_task_events=True,
-        broker_connection_retry_on_startup=True,
-    )
-    if env.get("BROKER_TRANSPORT_OPTIONS"):
-        app.conf.broker_transport_options = json.loads(env["BROKER_TRANSPORT_OPTIONS"])
-    if env.get("WORKERS_ROUTER", "on").strip().lower() not in ("0", "false", "no", "off"):
-        PriorityRouter.from_env(environ=env).install(app)
-    return app
+    return demo_app.create_app(environ, main="workers", include=["workers.tasks"])
 
 
 app = create_app()

@@ -1,4 +1,4 @@
-"""Document tasks."""
+"""The example workers' document tasks (what they do: ``priority_router.demo.documents``)."""
 
 from __future__ import annotations
 
@@ -8,24 +8,11 @@ from typing import Any
 
 from celery import Task, shared_task
 
-from priority_router import headers as H
+from priority_router.demo.documents import hold, report
 
 #: CPU work per page: this many SHA-256 rounds over a 4 KiB block (about 10 ms here).
 ROUNDS_PER_PAGE = 2000
 _BLOCK = bytes(range(256)) * 16
-
-
-def _report(task: Task, client_id: str, document_id: str, started: float) -> dict[str, Any]:
-    request = task.request
-    return {
-        "client_id": client_id,
-        "document_id": document_id,
-        "priority": getattr(request, H.PRIORITY, None),
-        "pending": getattr(request, H.PENDING, None),
-        "published_at": getattr(request, H.PUBLISHED_AT, None),
-        "started_at": started,
-        "finished_at": time.time(),
-    }
 
 
 @shared_task(bind=True, name="workers.process_document", acks_late=True)
@@ -35,24 +22,20 @@ def process_document(self: Task, client_id: str, document_id: str, pages: int = 
     digest = _BLOCK
     for _ in range(max(0, int(pages)) * ROUNDS_PER_PAGE):
         digest = hashlib.sha256(digest + _BLOCK).digest()
-    report = _report(self, client_id, document_id, started)
-    report["pages"] = pages
-    report["digest"] = digest.hex()[:16]
-    return report
+    done = report(self, client_id, document_id, started)
+    done["pages"] = pages
+    done["digest"] = digest.hex()[:16]
+    return done
 
 
 @shared_task(bind=True, name="workers.hold_document", acks_late=True)
 def hold_document(self: Task, client_id: str, document_id: str, seconds: float = 0.05) -> dict[str, Any]:
     """A document that keeps a worker slot for ``seconds`` (waiting on I/O, say)."""
-    started = time.time()
-    time.sleep(seconds)
-    return _report(self, client_id, document_id, started)
+    return hold(self, client_id, document_id, seconds)
 
 
 @shared_task(bind=True, name="workers.sleep_document")
 def sleep_document(self: Task, client_id: str, document_id: str, seconds: float = 0.05) -> dict[str, Any]:
     """``hold_document`` with Celery's own default acks (early), as most projects' tasks
     have them: plain Celery's baseline in ``bench/pools.py``; the router makes them late."""
-    started = time.time()
-    time.sleep(seconds)
-    return _report(self, client_id, document_id, started)
+    return hold(self, client_id, document_id, seconds)

@@ -8,10 +8,11 @@ replays the very documents these functions publish, and both measure them alike.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 from celery import Celery
 
+from priority_router.demo import documents
+from priority_router.demo.documents import Wait
 from priority_router.simulation.metrics import jain, p95, slowdown, waits_by_group
 from priority_router.simulation.workloads import Document, HeavyMix, NoisyNeighbour, SteadyBurst
 
@@ -37,9 +38,6 @@ __all__ = [
 HOLD = "workers.hold_document"
 PROCESS = "workers.process_document"
 
-#: Called as ``wait(seconds)`` between light documents; the demo collects results there.
-Wait = Callable[[float], None]
-
 
 def publish(
     app: Celery,
@@ -47,27 +45,9 @@ def publish(
     wait: Wait = time.sleep,
     published: dict[str, tuple[str, float]] | None = None,
 ) -> dict[str, tuple[str, float]]:
-    """Publish ``workload`` through ``app``; returns task id -> (group, publish time).
-
-    ``published`` (returned) is filled in as documents go out, for a ``wait`` that
-    watches them."""
-    published = {} if published is None else published
-    burst_out: float | None = None
-    for doc in workload.documents():
-        if doc.group == "heavy":
-            delay = 0.0
-        else:
-            burst_out = time.time() if burst_out is None else burst_out
-            delay = burst_out + doc.at - time.time()
-        if delay > 0:
-            wait(delay)
-        if workload.pages is None:
-            name, args = HOLD, (doc.client_id, doc.document_id, doc.seconds)
-        else:
-            name, args = PROCESS, (doc.client_id, doc.document_id, workload.pages)
-        result = app.send_task(name, args, headers={"client_id": doc.client_id})
-        published[result.id] = (doc.group, time.time())
-    return published
+    """Publish ``workload`` to the example workers' tasks (``priority_router.demo.documents.
+    publish``, which the demo runs on its own task); returns task id -> (group, publish time)."""
+    return documents.publish(app, workload, wait, published, hold_task=HOLD, pages_task=PROCESS)
 
 
 # --- Fairness between counting modes (bench/fairness_modes.py) ---------------------------------

@@ -7,7 +7,7 @@
     priority-router queues -A workers.app [--json]
     priority-router doctor -A workers.app [--json]
     priority-router migrate QUEUE --to router|plain -A workers.app [--dry-run] [--json] [--publishers-stopped]
-    priority-router demo
+    priority-router demo [--redis-url URL] [--heavy N] [--workers N] ...
 
 The counter store comes from ``--redis-url`` or ``PRIORITY_ROUTER_REDIS_URL`` (and the
 other ``PRIORITY_ROUTER_*`` variables); passwords are never printed.
@@ -34,6 +34,7 @@ from ..store.gate import held_by
 from ..tiers import Tier
 from .cli_context import (
     TIERS_OFF_NOTE,
+    Context,
     app_name_of,
     app_option,
     console,
@@ -452,41 +453,58 @@ def _migration_app(ctx: click.Context, app_name: str | None, broker_url: str | N
 @click.option("--doc-ms", type=float, default=40, show_default=True, help="Milliseconds per document.")
 @click.option("--workers", type=int, default=2, show_default=True, help="Worker processes.")
 @click.option("--threads", type=int, default=4, show_default=True, help="Threads per worker.")
-@click.option("--chart", type=click.Path(dir_okay=False), default="demo-results.png", show_default=True)
+@click.option(
+    "--chart",
+    type=click.Path(dir_okay=False),
+    default="demo-results.png",
+    show_default=True,
+    help="The chart to write (needs matplotlib: pip install 'priority-router[plot]').",
+)
+@click.option(
+    "--redis-url",
+    envvar="REDIS_URL",
+    default=None,
+    metavar="URL",
+    help="The Redis to run on: its databases 13, 14 and 15, or the one the URL names and the next "
+    "two [REDIS_URL; else redis://127.0.0.1:6379 if it answers, else a throwaway redis-server "
+    "from PATH].",
+)
+@click.pass_context
 def demo(
-    heavy: int, light_clients: int, light_docs: int, doc_ms: float, workers: int, threads: int, chart: str
+    ctx: click.Context,
+    heavy: int,
+    light_clients: int,
+    light_docs: int,
+    doc_ms: float,
+    workers: int,
+    threads: int,
+    chart: str,
+    redis_url: str | None,
 ) -> None:
     """Run a noisy-neighbour workload on plain Celery, then with the router, and compare.
 
-    The demo and its example workers live in the repository's ``workers/`` folder, not in
-    the installed package: run it from a checkout (``make demo``).
+    Starts its own Celery workers and deletes what it wrote to Redis when it ends (also on
+    Ctrl-C).
     """
+    from ..demo.run import Workload, run_demo
+    from ..simulation.workloads import NoisyNeighbour
+
     if min(heavy, light_clients, light_docs, workers, threads) < 1 or doc_ms <= 0:
         fail("every count must be at least 1 and --doc-ms positive", 2)
-    root = _repository()
-    sys.path.insert(0, str(root))
-    from workers.demo import Workload, run_demo
-    from workers.workload import NoisyNeighbour
-
+    source = "REDIS_URL"
+    if ctx.get_parameter_source("redis_url") is click.core.ParameterSource.COMMANDLINE:
+        source = "--redis-url"
+    else:
+        # ``priority-router --redis-url URL demo``: typed before the subcommand, it counts too.
+        context = ctx.find_object(Context)
+        typed = context.typed.get("redis_url") if context is not None else None
+        if typed is not None:
+            redis_url, source = str(typed), "--redis-url"
     documents = NoisyNeighbour(
         heavy=heavy, light_clients=light_clients, light_docs=light_docs, doc_seconds=doc_ms / 1000
     )
-    sys.exit(run_demo(Workload(documents, workers=workers, threads=threads), Path(chart)))
-
-
-def _repository() -> Path:
-    """The priority-router checkout this command runs from (an editable install)."""
-    root = Path(__file__).resolve().parents[2]
-    if not (root / "workers" / "demo.py").is_file() or not (root / "pyproject.toml").is_file():
-        fail(
-            "the demo runs from a checkout of the priority-router repository, whose workers/ folder "
-            "holds the example workers: clone it and run `make demo` there",
-            2,
-        )
-    loaded = sys.modules.get("workers")
-    if loaded is not None and Path(getattr(loaded, "__file__", "") or "").parent != root / "workers":
-        fail(f"another package named 'workers' is already imported ({loaded!r})", 2)
-    return root
+    workload = Workload(documents, workers=workers, threads=threads)
+    sys.exit(run_demo(workload, Path(chart), redis_url, source))
 
 
 main.add_command(simulate)

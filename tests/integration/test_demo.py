@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import time
 from pathlib import Path
 
 import pytest
 from support.services import counter_db_url, free_port
 
-from workers.demo import redis_for_demo
-from workers.local_redis import redis_answers
+from priority_router.demo.local_redis import redis_answers
+from priority_router.demo.run import redis_for_demo
 
 PROGRAM = [sys.executable, "-m", "priority_router", "demo"]
 
@@ -96,3 +98,103 @@ def test_without_any_redis_the_demo_starts_and_stops_its_own(monkeypatch: pytest
         assert url != nowhere
         assert redis_answers(url)
     assert not redis_answers(url)
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def installed_python(tmp: Path) -> Path:
+    """An interpreter that sees priority_router as a wheel installs it: a copy of the package
+    beside this environment's dependencies, without matplotlib (no ``plot`` extra) and
+    without the checkout on sys.path.  (``-P`` or a PYTHONPATH cannot do that here: the
+    editable install's .pth file puts the repository root, and so ``workers``, on the path
+    of every process of .venv's interpreter, the demo's workers included.)"""
+    venv = tmp / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
+    python = venv / "bin" / "python"
+    site_packages = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    installed = tmp / "installed"
+    shutil.copytree(
+        ROOT / "priority_router", installed / "priority_router", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    no_plot = tmp / "no-plot-extra"
+    (no_plot / "matplotlib").mkdir(parents=True)
+    (no_plot / "matplotlib" / "__init__.py").write_text(
+        "raise ImportError('the plot extra is not installed')\n"
+    )
+    # Lines of a .pth file are appended to sys.path; the .pth files in those folders (the
+    # editable install's) are not read.
+    dependencies = {sysconfig.get_path("purelib"), sysconfig.get_path("platlib")}
+    paths = [str(installed), str(no_plot), *sorted(dependencies)]
+    (Path(site_packages) / "dependencies.pth").write_text("\n".join(paths) + "\n")
+    return python
+
+
+def table_row(output: str, run: str) -> list[float]:
+    """The numbers of one run's row of the demo's table: light p50, light p95, heavy p50,
+    heavy p95 (ms) and all done (s)."""
+    (cells,) = [line.split(run, 1)[1] for line in output.splitlines() if line.startswith(f"│ {run} ")]
+    return [float(n) for n in re.findall(r"\d+(?:\.\d+)?", cells)]
+
+
+def test_the_demo_runs_as_installed_from_a_wheel(redis_server_url: str, tmp_path: Path) -> None:
+    python = installed_python(tmp_path / "env")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "REDIS_URL")}
+    probe = subprocess.run(
+        [python, "-c", "import importlib.util; print(importlib.util.find_spec('workers'))"],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=elsewhere,
+        check=True,
+    )
+    # The repository's workers/ is out of reach; the package is the copy, not the checkout.
+    assert probe.stdout.strip() == "None", probe.stdout
+    where = subprocess.run(
+        [python, "-c", "import priority_router; print(priority_router.__file__)"],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=elsewhere,
+        check=True,
+    )
+    assert where.stdout.startswith(str(tmp_path / "env" / "installed")), where.stdout
+    # The directory it runs from has a workers/ package of its own, which must not be used.
+    (tmp_path / "workers").mkdir()
+    (tmp_path / "workers" / "__init__.py").write_text("raise ImportError('the user workers package')\n")
+    chart = tmp_path / "demo.png"
+    args = ["--heavy", "60", "--light-clients", "4", "--light-docs", "2", "--workers", "1", "--threads", "2"]
+    args += ["--redis-url", counter_db_url(redis_server_url), "--chart", str(chart)]
+    done = subprocess.run(
+        [python, "-m", "priority_router", "demo", *args],
+        env={**env, "COLUMNS": "120"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    assert "(from --redis-url)" in output
+    plain, routed = table_row(done.stdout, "plain Celery"), table_row(done.stdout, "with priority-router")
+    assert len(plain) == len(routed) == 5, done.stdout
+    # Light clients' p95 wait: behind the heavy backlog on plain Celery, ahead of it with the router.
+    assert routed[1] < plain[1], done.stdout
+    assert re.search(r"start\s+\d+x\s+sooner\s+at\s+p95", done.stdout), done.stdout
+    # No matplotlib: the table, and the chart's fix said once.
+    assert (
+        " ".join(output.split()).count("the chart needs matplotlib (pip install 'priority-router[plot]')")
+        == 1
+    )
+    assert "Chart:" not in output
+    assert not chart.exists()
+    pids = worker_pids(done.stdout)
+    assert len(pids) == 2
+    assert not [p for p in pids if alive(p)]

