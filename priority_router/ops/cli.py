@@ -28,7 +28,7 @@ from rich.table import Table
 
 from ..errors import ConfigurationError, CounterUnavailable, PriorityRouterError
 from ..redact import redact_url
-from ..router import PriorityRouter
+from ..router import PriorityRouter, installed_router
 from ..store.counter import CounterState
 from ..store.gate import held_by
 from ..tiers import Tier
@@ -424,6 +424,10 @@ def migrate(
         fail(f"the migration of {queue!r} stopped: {exc}; fix that and run the same command again")
     finally:
         log.removeHandler(steps)
+    if report.target is Target.PLAIN:
+        held = _held_documents_note(ctx, app_name, broker_url)
+        if held:
+            report.notes.append(held)
     if as_json:
         emit_json(report.as_dict())
         return
@@ -431,6 +435,29 @@ def migrate(
         click.echo(f"note: {note}")
     if not report.dry_run and report.changed:
         click.echo(f"{queue!r} now serves {report.target.value} workers ({report.moved} message(s) moved)")
+
+
+def _held_documents_note(ctx: click.Context, app_name: str | None, broker_url: str | None) -> str | None:
+    """What a switch-off would strand: documents held by caps live in the counter store,
+    and only router workers release them."""
+    app = app_name_of(ctx, app_name)
+    if app is not None and installed_router(load_app(app)) is None:
+        return None  # a plain app names no store; the publishers' app does
+    try:
+        router = router_for(ctx, app_name if broker_url is None else None)
+        held = {client: router.gate_state(client).held for client in router.gate_store.holding()}
+    except Exception as exc:
+        return f"could not look for documents held by caps in the counter store ({exc})"
+    held = {client: n for client, n in held.items() if n}
+    if not held:
+        return None
+    shown = ", ".join(f"{client!r} ({n})" for client, n in sorted(held.items())[:10])
+    return (
+        f"{sum(held.values())} document(s) are held by caps in the counter store, of {shown}: only router "
+        "workers release them, so stopping the last one strands them. Lift the limits first (priority-router "
+        "tier unset CLIENT, and --default) and keep a router worker running until `priority-router status` "
+        "shows none held"
+    )
 
 
 def _migration_app(ctx: click.Context, app_name: str | None, broker_url: str | None) -> Any:

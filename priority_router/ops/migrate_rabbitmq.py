@@ -411,7 +411,11 @@ class Migration:
             notes.append(
                 f"{', '.join(self.cancelled)} stopped consuming {spec.name!r} (each logged `Canceling queue "
                 f"{spec.name}`) and consume nothing of it any more: stop them. Restarted as they are, they "
-                "fail on it with PRECONDITION_FAILED (inequivalent arg 'x-max-priority')"
+                + (
+                    "fail on it with PRECONDITION_FAILED (inequivalent arg 'x-max-priority')"
+                    if router
+                    else "refuse to start on it (the router's CRITICAL line names the queue and the fix)"
+                )
             )
         if router and self.priced:
             notes.append(

@@ -155,15 +155,21 @@ def set_tier(
     except ValueError as exc:  # not a client id
         fail(str(exc), 2)
     click.echo(f"{'default' if client is None else _shown_id(client)}: {chosen.describe()} (was: {before})")
+    priced = (chosen.weight, chosen.shift, chosen.fixed) != (1, 0, None)
     if client is None:
         click.echo(
             "It applies to every client without a tier of its own; publishers read it again within "
             f"{DEFAULT_TIER_REFRESH:g} s. {IGNORED_NOTE}"
         )
-    else:
+    elif priced or not limited:
         click.echo(
             "In effect from the client's next publish (a deployment's first tier: within "
             f"{DEFAULT_TIER_REFRESH:g} s). {IGNORED_NOTE}"
+        )
+    else:
+        click.echo(
+            "Its priority follows the table alone: a tier of its own replaces the default tier "
+            "(add --weight, --shift or --fixed to change that)."
         )
     if limited:
         click.echo(

@@ -358,6 +358,11 @@ def test_set_gives_a_client_limits_with_its_tier_and_list_shows_them(
     assert result.exit_code == 0, result.output
     assert "bulk: weight=2 max_in_flight=3 borrow rate=100/m" in result.output
     assert "Workers apply the limits within 1 s" in result.output
+    assert "next publish" in result.output  # it has a weight too
+    capped = cli("tier", "set", "capped", "--max-in-flight", "1")
+    assert "next publish" not in capped.output  # publishers never read limits
+    assert "Its priority follows the table alone" in capped.output
+    assert cli("tier", "unset", "capped").exit_code == 0
     router = PriorityRouter(counter_url, key_prefix=key_prefix)
     assert router.limits("bulk") == Limits(max_in_flight=3, borrow=True, rate="100/m")
     (row,) = listed(cli)["clients"]

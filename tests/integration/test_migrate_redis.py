@@ -262,3 +262,30 @@ def test_doctor_counts_as_unrouted_only_documents_no_router_priced(
     broker.lpush(queue, json.dumps(promoted))
     again = json.loads(CliRunner().invoke(main, ["doctor", "-A", plain_app, "--json"]).output)
     assert next(f for f in again if f["check"] == "unrouted")["ok"]
+
+
+def test_switching_off_names_the_documents_caps_hold_in_the_store(
+    broker: redis.Redis, queue: str, redis_server_url: str
+) -> None:
+    """Held documents wait in the counter store, not in the queue: migrate --to plain says
+    how many, whose, and what to do before the last router worker stops."""
+    from priority_router import PriorityRouter
+
+    prefix = f"held-{uuid.uuid4().hex[:8]}:"
+    store = counter_db_url(redis_server_url)
+    router = PriorityRouter(store, key_prefix=prefix)
+    router.set_tier("bulk", max_in_flight=1)
+    limits = router.limits("bulk")
+    assert router.gate_store.admit("bulk", "first", limits, 1000, b"{}").outcome == "run"
+    held = router.gate_store.admit("bulk", "second", limits, 1000, b"{}")
+    assert held.outcome == "held"
+    router.gate_store.note_held("bulk", held)
+    result = CliRunner().invoke(
+        main,
+        ["migrate", queue, "--to", "plain", "-b", broker_db_url(redis_server_url), "--json"],
+        env={"PRIORITY_ROUTER_REDIS_URL": store, "PRIORITY_ROUTER_KEY_PREFIX": prefix},
+    )
+    assert result.exit_code == 0, result.output
+    (note,) = [n for n in json.loads(result.stdout)["notes"] if "held by caps" in n]
+    assert "1 document(s)" in note and "'bulk' (1)" in note and "tier unset" in note
+    router.unset_tier("bulk")
