@@ -11,7 +11,7 @@ from .policy import DEFAULT_THRESHOLDS, Policy, Threshold, deprecated
 from .router import PriorityRouter
 from .tiers import Tier
 
-__version__ = "0.1.0"
+__version__ = "0.2.0.dev0"
 
 __all__ = [
     "DEFAULT_THRESHOLDS",
