@@ -18,14 +18,14 @@ MARKER = "{{ config_reference }}"
 
 def reference_table() -> str:
     rows = [
-        "| setting | keyword | environment variable | Celery setting | default | meaning |",
-        "|---|---|---|---|---|---|",
+        "| setting: the constructor keyword | environment variable<br>Celery setting | default | meaning |",
+        "|---|---|---|---|",
     ]
     for position, f in enumerate(fields(RouterConfig)):
-        keyword = f"`{f.name}`" if position else f"`{f.name}` (or first positional)"
-        env = f"`{ENV_PREFIX}{f.name.upper()}`" if f.metadata["text"] is not None else "Python only"
+        keyword = f"`{f.name}`" if position else f"`{f.name}`<br>(or the first positional argument)"
+        env = f"`{ENV_PREFIX}{f.name.upper()}`" if f.metadata["text"] is not None else "(Python only)"
         rows.append(
-            f"| `{f.name}` | {keyword} | {env} | `{CELERY_PREFIX}{f.name}` "
+            f"| {keyword} | {env}<br>`{CELERY_PREFIX}{f.name}` "
             f"| {_default(f.default, f.metadata['shown'])} | {f.metadata['meaning']} |"
         )
     return "\n".join(rows)
