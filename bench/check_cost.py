@@ -32,8 +32,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from priority_router.config import RouterConfig  # noqa: E402
+from priority_router.store.client_ids import client_key  # noqa: E402
 from priority_router.store.counter import Counter  # noqa: E402
-from priority_router.store.keys import client_key  # noqa: E402
 from workers.local_redis import redis_or_embedded  # noqa: E402
 
 LUA = "local n = redis.call('INCRBY', KEYS[1], ARGV[2]) redis.call('PEXPIRE', KEYS[1], ARGV[1]) return n"

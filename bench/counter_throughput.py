@@ -24,8 +24,8 @@ import hiredis
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
+from priority_router.store.client_ids import INFLIGHT_SUFFIX, TIER_SUFFIX, client_key  # noqa: E402
 from priority_router.store.inflight import member  # noqa: E402
-from priority_router.store.keys import INFLIGHT_SUFFIX, TIER_SUFFIX, client_key  # noqa: E402
 from priority_router.store.packed import EXEC, MULTI, command  # noqa: E402
 from workers.local_redis import redis_or_embedded  # noqa: E402
 

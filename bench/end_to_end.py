@@ -53,7 +53,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from bench.provenance import code_version  # noqa: E402
-from priority_router.store.keys import glob_escape  # noqa: E402
+from priority_router.store.client_ids import glob_escape  # noqa: E402
 from workers.local_redis import RedisDatabases, redis_answers, start_embedded_redis, stop_process  # noqa: E402
 
 TASK = "workers.count_document"
@@ -285,7 +285,7 @@ def run(mode: str, args: argparse.Namespace, redis_url: str) -> dict[str, Any]:
             left = counter.keys(glob_escape(env["PRIORITY_ROUTER_KEY_PREFIX"]) + "*")
             counted = -len(left) if left else 0
         if mode == "router":
-            from priority_router.store.keys import client_key
+            from priority_router.store.client_ids import client_key
 
             values = counter.mget(
                 [

@@ -50,7 +50,7 @@ def measure(client: redis.Redis, in_flight: int, ends: int, order: str) -> float
     client_id = f"c-{order}-{in_flight}"
     ids = [str(uuid.uuid4()) for _ in range(in_flight)]
     for task_id in ids:
-        counter.check(client_id, task_id)
+        counter.record(client_id, task_id)
     targets = {
         "oldest first": ids[:ends],
         "newest first": ids[::-1][:ends],

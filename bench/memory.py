@@ -2,7 +2,7 @@
 
 Starts a throwaway ``redis-server`` on a free port (no persistence), reads ``INFO
 memory`` ``used_memory``, then loads ``--clients`` clients exactly as the router's check
-leaves them: the key from ``priority_router.store.keys.client_key`` with
+leaves them: the key from ``priority_router.store.client_ids.client_key`` with
 ``RouterConfig``'s default prefix, and the check's own commands, ``MULTI; INCR key;
 PEXPIRE key <reset_interval in ms>; EXEC``, one check per client, many checks per round
 trip.  A PTTL per key then checks that every client has one key with its TTL (each
@@ -55,9 +55,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from bench.provenance import code_version  # noqa: E402
 from priority_router.config import RouterConfig  # noqa: E402
+from priority_router.store.client_ids import client_key, inflight_key  # noqa: E402
 from priority_router.store.costs import RESOLUTION, sentinel  # noqa: E402
 from priority_router.store.inflight import member  # noqa: E402
-from priority_router.store.keys import client_key, inflight_key  # noqa: E402
 from priority_router.store.packed import EXEC, MULTI, command  # noqa: E402
 from workers.local_redis import EmbeddedRedis, start_embedded_redis  # noqa: E402
 

@@ -7,8 +7,8 @@ from .decision import Decision, Reason
 from .errors import ConfigurationError, CounterUnavailable, PriorityRouterError
 from .integration.brokers import Transport, from_wire, to_wire
 from .limits import Limits
-from .policy import DEFAULT_THRESHOLDS, Policy, Threshold, deprecated
 from .router import PriorityRouter
+from .thresholds import DEFAULT_THRESHOLDS, Policy, Threshold, deprecated
 from .tiers import Tier
 
 __version__ = "0.2.0.dev0"

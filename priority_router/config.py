@@ -17,7 +17,7 @@ from dataclasses import Field, dataclass, field, fields
 from typing import Any
 
 from .errors import ConfigurationError
-from .policy import DEFAULT_THRESHOLDS, Policy, check_priority
+from .thresholds import DEFAULT_THRESHOLDS, Policy, check_priority
 
 #: Called as ``getter(task_name, args, kwargs, headers)``; returns a client id or None.
 ClientIdGetter = Callable[[str, tuple[Any, ...], dict[str, Any], dict[str, Any]], object]

@@ -16,20 +16,21 @@ from .batch import Batch, current_batch
 from .config import RouterConfig, celery_name, env_values
 from .decision import Decision, Reason
 from .errors import ConfigurationError, CounterUnavailable
-from .integration.install import configure_apps, router_of
+from .integration.install import configure_apps
 from .integration.install import install as install_router
 from .integration.install import uninstall as uninstall_router
+from .integration.installation import installed_router as installed_router
 from .integration.metrics import RouterMetrics, get_metrics
 from .integration.publish import PublishReceiver
 from .limits import NONE, Limits
 from .redact import redact_url
 from .store.breaker import CircuitBreaker
+from .store.client_ids import normalize_client_id
 from .store.connection import make_client
 from .store.costs import ONE, CostsInUse, InvalidCost, as_count, cost_units
 from .store.counter import Counter, CounterState
 from .store.gate import GateState, GateStore, Verdict
 from .store.inflight import InflightCounter
-from .store.keys import normalize_client_id
 from .store.limit_store import LimitStore
 from .store.schema import SchemaMismatch, StoreSchema
 from .store.tier_store import TierStore
@@ -184,7 +185,7 @@ class PriorityRouter:
         inflight = self.inflight
         if inflight is None or not self._breaker.allow():
             return False
-        units = self._units_or_one(cost, client_id)
+        units = self.units_quietly(cost, client_id)
         ended = self._quietly(lambda: inflight.end(client_id, task_id, units, self.costs_in_use()))
         return bool(ended)
 
@@ -259,7 +260,7 @@ class PriorityRouter:
             return self._fail_open(client_id)
         if self.inflight is not None and not (isinstance(task_id, str) and task_id):
             return self._fail_open(client_id)  # nothing to end it by (Celery always gives an id)
-        units = self._units_or_one(cost, client_id)
+        units = self.units_quietly(cost, client_id)
         metrics = self.metrics
         started = time.perf_counter() if metrics is not None else 0.0
 
@@ -280,7 +281,7 @@ class PriorityRouter:
         fail_open = [self._fail_open(client_id)] * n
         if n == 0 or not self._breaker.allow():
             return fail_open
-        units = self._units_or_one(cost, client_id)
+        units = self.units_quietly(cost, client_id)
 
         def count() -> tuple[bool, list[int | float], Any]:
             tiered = self._tiered()
@@ -432,14 +433,26 @@ class PriorityRouter:
         return self._quietly(lambda: self.gate_store.end(client_id, task_id, limits, borrow))
 
     def forget_quietly(self, client_id: str, task_id: str) -> None:
+        """A released document is in the broker again: its stored message goes (never raises)."""
         self._quietly(lambda: self.gate_store.forget(client_id, task_id))
 
     def index_quietly(self, client_id: str, verdict: Verdict) -> None:
+        """Note that the client holds documents, for the workers' sweeps (never raises)."""
         self._quietly(lambda: self.gate_store.note_held(client_id, verdict))
 
-    def units_quietly(self, cost: object, client_id: str) -> int:
-        """A document's cost in units from its header's value (1 when none or bad, said once)."""
-        return self._units_or_one(cost, client_id)
+    def units_quietly(self, cost: object, client_id: object) -> int:
+        """A document's cost in units from its header's value: 1 when it gives none
+        (``None``) or a bad one, which is logged once per client (never raises)."""
+        if cost is None:
+            return ONE
+        try:
+            return cost_units(cost)
+        except InvalidCost as exc:
+            if self._first_time("cost", client_id):
+                logger.error(
+                    "priority-router: a document of client %r: %s; it is counted as 1", client_id, exc
+                )
+            return ONE
 
     def warn_once(self, key: str, message: str, *args: object) -> None:
         """Log ``message`` as an ERROR the first time ``key`` is given."""
@@ -473,18 +486,6 @@ class PriorityRouter:
             self.costs_in_use.mark()
             return True
         return self.costs_in_use()
-
-    def _units_or_one(self, cost: object, client_id: object) -> int:
-        if cost is None:
-            return ONE
-        try:
-            return cost_units(cost)
-        except InvalidCost as exc:
-            if self._first_time("cost", client_id):
-                logger.error(
-                    "priority-router: a document of client %r: %s; it is counted as 1", client_id, exc
-                )
-            return ONE
 
     def _tiered(self) -> bool:
         """Whether checks read tiers: on unless ``tiers=False``, once any tier is stored
@@ -585,12 +586,6 @@ class PriorityRouter:
         """Undo :meth:`install`: ``app`` publishes as plain Celery does (the settings
         already merged into its configuration stay)."""
         uninstall_router(self, app)
-
-
-def installed_router(app: Celery) -> PriorityRouter | None:
-    """The router installed on ``app``, if any."""
-    router: PriorityRouter | None = router_of(app)
-    return router
 
 
 @contextlib.contextmanager

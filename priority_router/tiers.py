@@ -27,7 +27,7 @@ from functools import lru_cache
 
 from .errors import ConfigurationError
 from .limits import NONE, Limits
-from .policy import LEAST_URGENT, MOST_URGENT, Policy, check_priority
+from .thresholds import LEAST_URGENT, MOST_URGENT, Policy, check_priority
 
 #: Largest weight accepted: beyond it a client would never leave priority 1 in practice.
 MAX_WEIGHT = 1000.0

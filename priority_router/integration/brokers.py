@@ -12,8 +12,8 @@ from enum import Enum
 from celery import Celery
 
 from ..errors import ConfigurationError
-from ..policy import LEAST_URGENT, MOST_URGENT, is_priority
 from ..redact import redact_url
+from ..thresholds import LEAST_URGENT, MOST_URGENT, is_priority
 
 
 class Transport(str, Enum):
@@ -49,16 +49,11 @@ def to_wire(logical: int, transport: Transport) -> int:
 
 
 def from_wire(wire: int, transport: Transport) -> int:
-    """Inverse of :func:`to_wire`."""
-    if transport is Transport.AMQP:
-        return AMQP_MAX_PRIORITY - wire
-    return wire
-
-
-def logical_from_wire(wire: int, transport: Transport) -> int:
-    """The logical priority a wire value stands for, clamped to 1..9 (a caller's own
-    ``priority=`` may lie outside the router's range, e.g. 0 on Redis or 255 on RabbitMQ)."""
-    return min(LEAST_URGENT, max(MOST_URGENT, from_wire(wire, transport)))
+    """The logical priority a wire value stands for: the inverse of :func:`to_wire`, clamped
+    to 1..9 (a caller's own ``priority=`` may lie outside the router's range, e.g. 0 on
+    Redis or 255 on RabbitMQ)."""
+    logical = AMQP_MAX_PRIORITY - wire if transport is Transport.AMQP else wire
+    return min(LEAST_URGENT, max(MOST_URGENT, logical))
 
 
 def transport_of(app: Celery) -> Transport:

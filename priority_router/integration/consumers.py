@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from celery import Celery
 from kombu.transport.redis import PRIORITY_STEPS as KOMBU_PRIORITY_STEPS
 
-from ..policy import LEAST_URGENT, MOST_URGENT
+from ..thresholds import LEAST_URGENT, MOST_URGENT
 from .brokers import Transport, to_wire
 
 if TYPE_CHECKING:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from celery import Celery
@@ -38,8 +38,9 @@ from celery.exceptions import Reject, TimeLimitExceeded, WorkerLostError
 from celery.signals import task_failure, task_postrun, task_received, task_revoked, task_unknown
 
 from .. import headers as H
-from ..store.keys import normalize_client_id
+from ..store.client_ids import normalize_client_id
 from .gate import end_gated
+from .installation import installed_router
 
 if TYPE_CHECKING:
     from ..router import PriorityRouter
@@ -50,25 +51,19 @@ _UID = "priority_router:endings"
 #: Exceptions the worker's main process reports for documents ``task_postrun`` never saw end.
 _LOST = (WorkerLostError, TimeLimitExceeded, Reject)
 
-RouterOf = Callable[[Celery], "PriorityRouter | None"]
-_watched: weakref.WeakKeyDictionary[Celery, RouterOf] = weakref.WeakKeyDictionary()
 #: The counted documents this worker's main process holds, by task id: a request lives as
 #: long as the worker holds its document, so an entry goes with it.
 _received: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
 
 
-def watch_endings(app: Celery, router_of: RouterOf) -> None:
-    """End ``app``'s counted documents on this worker (idempotent)."""
-    _watched[app] = router_of
+def watch_endings() -> None:
+    """End the counted documents of every app with a router installed, on this worker
+    (idempotent; an app's router is looked up at each end, :func:`installed_router`)."""
     task_postrun.connect(_on_postrun, dispatch_uid=_UID)
     task_revoked.connect(_on_revoked, dispatch_uid=_UID)
     task_failure.connect(_on_failure, dispatch_uid=_UID)
     task_unknown.connect(_on_unknown, dispatch_uid=_UID)
     task_received.connect(_on_received, dispatch_uid=_UID)
-
-
-def unwatch_endings(app: Celery) -> None:
-    _watched.pop(app, None)
 
 
 def end_document(
@@ -113,11 +108,6 @@ class _Fields(Mapping[str, Any]):
         return 0
 
 
-def _router(app: object) -> PriorityRouter | None:
-    router_of = _watched.get(app) if isinstance(app, Celery) else None
-    return router_of(app) if router_of is not None else None
-
-
 def _on_postrun(
     sender: Any = None,
     task_id: Any = None,
@@ -131,14 +121,14 @@ def _on_postrun(
     if state == S.REJECTED and isinstance(retval, Reject) and retval.requeue:
         return  # back in the queue: it ends when it runs again
     app = getattr(task, "app", None)
-    router = _router(app)
+    router = installed_router(app)
     if router is not None:
         end_document(router, task.request, task_id, app)
 
 
 def _on_revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
     app = getattr(sender, "app", None)
-    router = _router(app)
+    router = installed_router(app)
     if router is not None and request is not None:
         # Revoked on arrival, a released document never reached the gate: its slot goes.
         end_document(router, request, getattr(request, "id", None), app, unadmitted=True)
@@ -149,7 +139,7 @@ def _on_failure(sender: Any = None, task_id: Any = None, exception: Any = None, 
     if not isinstance(exception, _LOST) or (isinstance(exception, Reject) and exception.requeue):
         return
     app = getattr(sender, "app", None)
-    router = _router(app)
+    router = installed_router(app)
     if router is None:
         return
     request = getattr(sender, "request", None)
@@ -168,6 +158,6 @@ def _on_received(sender: Any = None, request: Any = None, **_: Any) -> None:
 
 def _on_unknown(sender: Any = None, id: Any = None, message: Any = None, **_: Any) -> None:
     app = getattr(sender, "app", None)
-    router = _router(app)
+    router = installed_router(app)
     if router is not None and message is not None:
         end_document(router, getattr(message, "headers", None) or {}, id, app)

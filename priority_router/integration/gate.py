@@ -35,11 +35,12 @@ from celery.signals import worker_shutdown
 
 from .. import headers as H
 from ..limits import Limits
+from ..store.client_ids import normalize_client_id
 from ..store.gate import RECHECK, Verdict
-from ..store.keys import normalize_client_id
 from ..store.limit_store import Snapshot
 from . import celery_internals
 from .flower import annotate_held
+from .installation import installed_router
 from .periodic import Periodic
 from .redeliver import Unstorable, pack, publish
 
@@ -51,22 +52,17 @@ logger = logging.getLogger("priority_router")
 #: Seconds between a worker's looks at due and idle work.
 TICK = 0.25
 
-_gated: weakref.WeakKeyDictionary[Celery, PriorityRouter] = weakref.WeakKeyDictionary()
+
+def watch_gate(app: Celery) -> None:
+    """Gate ``app``'s documents on its workers (idempotent): the consumer's requests go
+    through :func:`admit` while ``app`` has a router installed that is not in dry run."""
+    app.steps["consumer"].add(GateStep)
 
 
-def watch_gate(app: Celery, router: PriorityRouter) -> None:
-    """Gate ``app``'s documents on its workers (idempotent)."""
-    if app not in _gated:
-        app.steps["consumer"].add(GateStep)
-    _gated[app] = router
-
-
-def unwatch_gate(app: Celery) -> None:
-    _gated.pop(app, None)
-
-
-def _router(app: object) -> PriorityRouter | None:
-    return _gated.get(app) if isinstance(app, Celery) else None
+def _gating_router(app: object) -> PriorityRouter | None:
+    """The router whose gate ``app``'s documents pass: none without one, or in dry run."""
+    router = installed_router(app)
+    return None if router is None or router.config.dry_run else router
 
 
 class GateStep(bootsteps.Step):  # type: ignore[misc]  # Celery is untyped
@@ -76,13 +72,13 @@ class GateStep(bootsteps.Step):  # type: ignore[misc]  # Celery is untyped
 
     def __init__(self, parent: Any, **kwargs: Any) -> None:
         super().__init__(parent, **kwargs)
-        if _router(parent.app) is None:
+        if _gating_router(parent.app) is None:
             return
         handle = parent.on_task_request
         app = parent.app
 
         def on_task_request(request: Any) -> Any:
-            router = _router(app)
+            router = _gating_router(app)
             if router is None or not admit(app, router, request):
                 return None
             return handle(request)
@@ -93,10 +89,6 @@ class GateStep(bootsteps.Step):  # type: ignore[misc]  # Celery is untyped
 def client_of(router: PriorityRouter, fields: Any) -> str | None:
     value = fields.get(router.config.client_id_header) if isinstance(fields, Mapping) else None
     return normalize_client_id(value)
-
-
-def units_of(router: PriorityRouter, fields: Mapping[str, Any], client: str) -> int:
-    return router.units_quietly(fields.get(H.COST), client)
 
 
 def admit(app: Celery, router: PriorityRouter, request: Any) -> bool:
@@ -119,7 +111,8 @@ def admit(app: Celery, router: PriorityRouter, request: Any) -> bool:
             exc,
         )
         return True
-    verdict = router.admit_quietly(client, request.id, limits, units_of(router, headers, client), message)
+    units = router.units_quietly(headers.get(H.COST), client)
+    verdict = router.admit_quietly(client, request.id, limits, units, message)
     if verdict is None:
         return True  # the store is down: run it (the breaker has said so)
     _republish(app, router, client, verdict.released)
@@ -284,9 +277,6 @@ class GateThread(Periodic):
         self._looked = 0.0
 
     def step(self) -> None:
-        self.tick()
-
-    def tick(self) -> None:
         limits = self.router.limit_store.snapshot()
         now = time.monotonic()
         if now - self._renewed >= self.router.gate_store.lease_ms / 3000:
@@ -343,6 +333,27 @@ def gated_requests(router: PriorityRouter) -> dict[str, list[str]]:
     return running
 
 
+def say_held(router: PriorityRouter) -> None:
+    """At a worker's shutdown: documents still held wait for a router worker to release
+    them, so say so, in case this worker is the last one (a switch-off, a rollback)."""
+    try:
+        held = {client: router.gate_state(client).held for client in router.gate_store.holding()}
+    except Exception:
+        logger.debug("priority-router: could not count held documents at shutdown", exc_info=True)
+        return
+    held = {client: n for client, n in held.items() if n}
+    if held:
+        shown = ", ".join(f"{client!r} ({n})" for client, n in sorted(held.items())[:10])
+        logger.warning(
+            "priority-router: %d document(s) are held by caps in the counter store, of %s; only workers "
+            "with the router release them. If this was the last such worker, start one again, or lift the "
+            "limits (priority-router tier unset CLIENT) and keep one running until `priority-router status` "
+            "shows none held (docs/caps.md)",
+            sum(held.values()),
+            shown,
+        )
+
+
 def start_gate(app: Celery, router: PriorityRouter, consumer: Any, concurrency: int) -> GateThread:
     """Start the gate's thread for the worker whose consumer is ``consumer``."""
     thread = GateThread(app, router, consumer, concurrency)
@@ -351,6 +362,7 @@ def start_gate(app: Celery, router: PriorityRouter, consumer: Any, concurrency: 
     def on_shutdown(sender: Any = None, **_: Any) -> None:
         worker_shutdown.disconnect(dispatch_uid=uid)
         thread.stop()
+        say_held(router)
 
     worker_shutdown.connect(on_shutdown, weak=False, dispatch_uid=uid)
     thread.start()

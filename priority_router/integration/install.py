@@ -25,7 +25,6 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from celery import Celery
@@ -35,17 +34,17 @@ from .. import headers as H
 from ..config import celery_values, unknown_celery_settings
 from ..errors import ConfigurationError
 from ..redact import redact_url
-from .brokers import Transport, logical_from_wire, transport_of
+from .brokers import Transport, from_wire, transport_of
 from .celery_settings import Change, apply_changes, describe, first_time, wanted_changes, warn_kept
-from .consumers import ConsumerWatch
-from .endings import unwatch_endings, watch_endings
-from .gate import GateThread, start_gate, unwatch_gate, watch_gate
-from .pools import WorkerPool, pool_of_options, pool_of_worker
+from .endings import watch_endings
+from .gate import start_gate, watch_gate
+from .installation import ATTRIBUTE, Installation, installation_of
+from .pools import pool_of_options, pool_of_worker
 from .publish import PublishReceiver
 from .publisher_pause import PublishPause
 from .rabbitmq import QUORUM_PRIORITIES, check_worker_queues, quorum_queue_names
 from .sender import publishing_app, unwrap_sender, wrap_sender
-from .starvation import AMQP_FIX, AMQP_REFUSAL, Sweeper, start_sweeper
+from .starvation import AMQP_FIX, AMQP_REFUSAL, start_sweeper
 from .worker import unwatch, watch_queue_wait
 
 if TYPE_CHECKING:
@@ -56,54 +55,22 @@ logger = logging.getLogger("priority_router")
 _UID = "priority_router"
 
 
-@dataclass
-class Installation:
-    """What ``install`` set up on one app, so that ``uninstall`` can take it all down."""
-
-    router: PriorityRouter
-    receiver: PublishReceiver
-    watch: ConsumerWatch | None = None
-    #: Warnings already given for this app (each is said once).
-    warned: set[str] = field(default_factory=set)
-    #: The app's ``priority_router_*`` settings the router last followed.
-    celery_settings: dict[str, Any] | None = None
-    #: The worker's max_wait sweeper (Redis), once the worker is ready.
-    sweeper: Sweeper | None = None
-    #: The gate's thread (leases, releases, borrowing), once the worker is ready.
-    gate: GateThread | None = None
-    #: The pool of the worker this app runs in, once a worker starts (``pools.py``).
-    pool: WorkerPool | None = None
-    #: The values the router set in the app's configuration, by key: not the user's choice.
-    applied: dict[str, object] = field(default_factory=dict)
-
-
-#: Where an app keeps its installation: read on every publish, so a plain attribute
-#: lookup rather than a WeakKeyDictionary (which builds a weak reference per lookup).
-_ATTR = "_priority_router_installation"
-
-
 def _installed_on(owner: Any) -> tuple[Celery, Installation] | None:
     """The app a worker, consumer or request belongs to, and its installation, if any."""
     app = getattr(owner, "app", None)
-    installation = _installation(app) if app is not None else None
+    installation = installation_of(app)
     return None if installation is None else (app, installation)
 
 
 #: Every app with an installation, for settling one router's apps together.
 _apps: weakref.WeakSet[Celery] = weakref.WeakSet()
 
-
-def _installation(app: Celery) -> Installation | None:
-    installation: Installation | None = app.__dict__.get(_ATTR)
-    return installation
-
-
 _lock = threading.RLock()
 
 
 def install(router: PriorityRouter, app: Celery) -> PublishReceiver:
     with _lock:
-        existing = _installation(app)
+        existing = installation_of(app)
         if existing is not None:
             if existing.router is router:
                 return existing.receiver
@@ -119,17 +86,15 @@ def install(router: PriorityRouter, app: Celery) -> PublishReceiver:
             router.config,
             settle,
             on_decision=metrics.record_decision if metrics is not None else None,
+            pause=PublishPause(app, lambda: (router.redis, router.config.key_prefix)),
+            consumer_check_interval=router.config.consumer_check_interval,
         )
-        receiver.pause = PublishPause(app, lambda: (router.redis, router.config.key_prefix))
         installation = Installation(router, receiver)
-        if router.config.consumer_check_interval > 0:
-            installation.watch = ConsumerWatch(app, receiver, router.config.consumer_check_interval)
-            receiver.on_publish = installation.watch.published
-        app.__dict__[_ATTR] = installation
+        app.__dict__[ATTRIBUTE] = installation
         _apps.add(app)
         _connect_signals()
         app.on_after_configure.connect(_on_configure, weak=False, dispatch_uid=_UID)
-        wrap_sender(app, _on_sender_built, _demotes_to_fifo)
+        wrap_sender(app, settle, _demotes_to_fifo)
         if metrics is not None:
             watch_queue_wait(app, metrics, router.config.metrics_port)
         if app.configured:
@@ -144,16 +109,14 @@ def install(router: PriorityRouter, app: Celery) -> PublishReceiver:
 def uninstall(router: PriorityRouter, app: Celery) -> bool:
     """Undo :func:`install`; False when ``router`` was not installed on ``app``."""
     with _lock:
-        installation = _installation(app)
+        installation = installation_of(app)
         if installation is None or installation.router is not router:
             return False
-        del app.__dict__[_ATTR]
+        del app.__dict__[ATTRIBUTE]
         _apps.discard(app)
-        if installation.watch is not None:
-            installation.watch.stop()
+        if installation.receiver.consumer_watch is not None:
+            installation.receiver.consumer_watch.stop()
         unwatch(app)
-        unwatch_endings(app)
-        unwatch_gate(app)
         if installation.sweeper is not None:
             installation.sweeper.stop()
         if installation.gate is not None:
@@ -169,25 +132,20 @@ def configure_apps(router: PriorityRouter) -> None:
     ``CELERY_PRIORITY_ROUTER_*`` ones too), so a count, a read or a CLI command uses the
     same store as the app's publishes."""
     for app in list(_apps):
-        installation = _installation(app)
+        installation = installation_of(app)
         if installation is not None and installation.router is router and not app.configured:
             app.conf.get("broker_url")  # the first read loads it; on_after_configure settles
 
 
 def applied_settings(app: Celery) -> dict[str, object]:
     """The values the router installed on ``app`` set in its configuration, by key."""
-    installation = _installation(app)
+    installation = installation_of(app)
     return dict(installation.applied) if installation is not None else {}
-
-
-def router_of(app: Celery) -> PriorityRouter | None:
-    installation = _installation(app)
-    return installation.router if installation is not None else None
 
 
 def settle(app: Celery) -> Transport | None:
     """Settle for the configuration ``app`` has now; None (said once) when it cannot be routed."""
-    installation = _installation(app)
+    installation = installation_of(app)
     if installation is None:
         return None
     try:
@@ -200,7 +158,7 @@ def settle(app: Celery) -> Transport | None:
 def _settle(app: Celery, installation: Installation, publisher: bool = False) -> Transport:
     router, receiver, warned = installation.router, installation.receiver, installation.warned
     settings = celery_values(app.conf)
-    siblings = [_installation(a) for a in list(_apps) if a is not app]
+    siblings = [installation_of(a) for a in list(_apps) if a is not app]
     others = [i.celery_settings for i in siblings if i is not None and i.router is router]
     if any(other is not None and other != settings for other in others):
         if first_time(warned, "clash"):
@@ -214,11 +172,9 @@ def _settle(app: Celery, installation: Installation, publisher: bool = False) ->
         installation.celery_settings = settings
         if router.follow(settings):
             receiver.use(router.config)
-    if router.config.dry_run:
-        unwatch_gate(app)
-    else:
-        watch_gate(app, router)  # documents over their client's limits wait, on workers
-    watch_endings(app, router_of)  # the end of each counted or gated document, on workers
+    if not router.config.dry_run:
+        watch_gate(app)  # documents over their client's limits wait, on workers
+    watch_endings()  # the end of each counted or gated document, on workers
     typos = unknown_celery_settings(app.conf)
     if typos and first_time(warned, "typos"):
         logger.warning(
@@ -245,9 +201,7 @@ def _settle(app: Celery, installation: Installation, publisher: bool = False) ->
     if transport is Transport.MEMORY and first_time(warned, "memory"):
         logger.warning("the memory:// broker has no priorities; documents are counted but run in order")
     default = app.conf.task_default_priority
-    receiver.default_wire = int(default) if str(default).isdigit() else None
-    receiver.transport = transport
-    receiver.unroutable = None
+    receiver.settled(transport, int(default) if str(default).isdigit() else None)
     return transport
 
 
@@ -278,27 +232,21 @@ def _report_dry_run(app: Celery, changes: list[Change], warned: set[str]) -> Non
         )
 
 
-def _dry_run(installation: Installation) -> bool:
-    return installation.router.config.dry_run
-
-
 def _demotes_to_fifo(app: Celery) -> bool:
     """Whether a publish RabbitMQ refused for want of x-max-priority is sent again
     without it (a router in dry run leaves the refusal to plain Celery)."""
-    installation = _installation(app)
-    return installation is not None and not _dry_run(installation)
+    installation = installation_of(app)
+    return installation is not None and not installation.router.config.dry_run
 
 
 def _unroutable(app: Celery, receiver: PublishReceiver, exc: ConfigurationError) -> None:
-    receiver.transport = None
     message = str(exc)
-    if receiver.unroutable != message:
+    if receiver.refuse(message):
         logger.error(
             "priority-router cannot route the publishes of %r, so they go out as plain Celery sends them: %s",
             app,
             message,
         )
-    receiver.unroutable = message
 
 
 # -- the moments the configuration is settled ------------------------------------------
@@ -307,10 +255,6 @@ def _unroutable(app: Celery, receiver: PublishReceiver, exc: ConfigurationError)
 def _on_configure(sender: Celery | None = None, **_: Any) -> None:
     if sender is not None:
         settle(sender)
-
-
-def _on_sender_built(app: Celery) -> None:
-    settle(app)
 
 
 def _on_worker_starting(sender: Any = None, instance: Any = None, options: Any = None, **_: Any) -> None:
@@ -328,7 +272,7 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
     app, installation = found
     installation.pool = pool_of_worker(sender)
     transport = _settle_worker(app, installation)
-    if _dry_run(installation):
+    if installation.router.config.dry_run:
         return
     wanted = app.conf.worker_prefetch_multiplier
     if getattr(sender, "prefetch_multiplier", wanted) != wanted:
@@ -368,7 +312,7 @@ def _on_worker_ready(sender: Any = None, **_: Any) -> None:
     app, installation = found
     if installation.receiver.transport is not None:
         _say_started(app, installation, installation.receiver.transport)
-    if _dry_run(installation):
+    if installation.router.config.dry_run:
         return
     if installation.gate is None:
         pool = installation.pool
@@ -381,7 +325,7 @@ def _on_worker_ready(sender: Any = None, **_: Any) -> None:
 
 
 def _settle_worker(app: Celery, installation: Installation) -> Transport:
-    installation.receiver.on_publish = None  # workers do not inspect other workers
+    installation.receiver.in_worker()
     try:
         transport = _settle(app, installation)
     except ConfigurationError as exc:
@@ -393,8 +337,7 @@ def _settle_worker(app: Celery, installation: Installation) -> Transport:
 
 
 def _on_publish(**kwargs: Any) -> None:
-    app = publishing_app.get()
-    installation = _installation(app) if app is not None else None
+    installation = installation_of(publishing_app.get())
     if installation is not None:
         installation.receiver(**kwargs)
 
@@ -411,10 +354,10 @@ def _on_task_received(sender: Any = None, request: Any = None, **_: Any) -> None
     headers = getattr(request, "request_dict", None) or {}
     if H.REASON not in headers:
         if first_time(installation.warned, "unpriced"):
-            _warn_unpriced(request, _dry_run(installation), installation.receiver.transport)
+            _warn_unpriced(request, installation.router.config.dry_run, installation.receiver.transport)
     elif (
         headers.get(H.DRY_RUN)
-        and not _dry_run(installation)
+        and not installation.router.config.dry_run
         and first_time(installation.warned, "dry-run publisher")
     ):
         _warn_dry_run_publisher(request)
@@ -450,7 +393,7 @@ def unpriced_effect(transport: Transport | None, dry_run: bool = False, wire: in
     if dry_run:
         return "its documents are not counted and this dry run does not show them"
     if wire and transport is not None and transport is not Transport.MEMORY:
-        logical = logical_from_wire(wire, transport)
+        logical = from_wire(wire, transport)
         return (
             f"its documents are not counted per client: they carry the fixed priority its publisher "
             f"set (wire {wire}, the router's priority {logical}) and are served about as routed "

@@ -32,10 +32,11 @@ from celery import Celery
 
 from .. import headers as H
 from ..decision import Decision, Reason
-from ..policy import is_priority
-from ..store.keys import normalize_client_id
-from .brokers import Transport, logical_from_wire, to_wire
+from ..store.client_ids import normalize_client_id
+from ..thresholds import is_priority
+from .brokers import Transport, from_wire, to_wire
 from .celery_internals import tasks_running
+from .consumers import ConsumerWatch
 from .flower import annotate_kwargsrepr
 from .sender import publishing_app, republishing
 
@@ -49,15 +50,22 @@ logger = logging.getLogger("priority_router")
 MAX_HEADER_ID = 1024
 
 
-#: ``decide(client_id)``, or ``decide(client_id, task_id)`` in ``mode="inflight"``: count
-#: one document and price it (never raises).
+#: ``decide(client_id, task_id, cost)`` (:meth:`PriorityRouter.decide`): count one document
+#: and price it, never raising; ``task_id`` is None unless ``mode="inflight"``, ``cost``
+#: None when the document gives none.
 Decide = Callable[..., Decision]
 #: ``settle(app)``: settle on the app's configuration now; the transport, or None.
 Settle = Callable[[Celery], "Transport | None"]
 
 
 class PublishReceiver:
-    """Routes one app's publishes; created by ``install`` and called for each publish."""
+    """Routes one app's publishes; created by ``install`` and called for each publish.
+
+    ``settle`` is called on a publish that finds the app not settled yet; ``pause`` holds
+    publishes to a RabbitMQ queue while ``priority-router migrate`` swaps it; with a
+    ``consumer_check_interval`` above 0, publishes start the background check for workers
+    blind to some priorities (``consumers.py``).
+    """
 
     def __init__(
         self,
@@ -65,14 +73,18 @@ class PublishReceiver:
         decide: Decide,
         config: RouterConfig,
         settle: Settle,
+        *,
         on_decision: Callable[[Decision], None] | None = None,
+        pause: PublishPause | None = None,
+        consumer_check_interval: float = 0,
     ) -> None:
         self._app = weakref.ref(app)
         self._decide = decide
         self._settle = settle
-        self.on_decision = on_decision
+        self._on_decision = on_decision
+        self._pause = pause
         self.use(config)
-        #: Set by ``settle`` once the app's final configuration is known.
+        #: Set by :meth:`settled` once the app's final configuration is known.
         self.transport: Transport | None = None
         #: The app's ``task_default_priority`` (a wire value), if it sets one.
         self.default_wire: int | None = None
@@ -80,9 +92,11 @@ class PublishReceiver:
         self.unroutable: str | None = None
         #: Queues (routing keys) this process published documents to.
         self.queues_seen: set[str] = set()
-        self.on_publish: Callable[[], None] | None = None
-        #: Holds publishes to a RabbitMQ queue while ``priority-router migrate`` swaps it.
-        self.pause: PublishPause | None = None
+        #: The check for blind workers, which publishes start; None when it is off.
+        self.consumer_watch = (
+            ConsumerWatch(app, self, consumer_check_interval) if consumer_check_interval > 0 else None
+        )
+        self._on_publish = self.consumer_watch.published if self.consumer_watch is not None else None
 
     def use(self, config: RouterConfig) -> None:
         """Take these settings (the router's, after it followed the app's configuration)."""
@@ -95,6 +109,26 @@ class PublishReceiver:
         self._default_priority = config.default_priority
         self.dry_run = config.dry_run
         self._inflight = config.mode == "inflight"
+
+    def settled(self, transport: Transport, default_wire: int | None) -> None:
+        """The app settled on ``transport``; ``default_wire`` is its ``task_default_priority``
+        (None when it sets none)."""
+        self.default_wire = default_wire
+        self.transport = transport
+        self.unroutable = None
+
+    def refuse(self, reason: str) -> bool:
+        """The app's publishes cannot be routed, for ``reason``: they go out as plain Celery
+        sends them.  True when the reason is new (to be logged), False when it was given."""
+        self.transport = None
+        new = self.unroutable != reason
+        self.unroutable = reason
+        return new
+
+    def in_worker(self) -> None:
+        """The app runs a worker: its publishes no longer start the check for blind
+        workers (workers do not inspect other workers)."""
+        self._on_publish = None
 
     def __call__(
         self,
@@ -119,8 +153,8 @@ class PublishReceiver:
             transport = self._settle(app)
             if transport is None:
                 return
-        if transport is Transport.AMQP and self.pause is not None:
-            self.pause.hold(exchange, routing_key, declare)
+        if transport is Transport.AMQP and self._pause is not None:
+            self._pause.hold(exchange, routing_key, declare)
         chosen = self._chosen_wire(properties)
         try:
             decision = self.decide(sender or "", body, headers, chosen, transport)
@@ -135,8 +169,8 @@ class PublishReceiver:
                 properties.setdefault("priority", to_wire(self._default_priority, transport))
         if isinstance(routing_key, str):
             self.queues_seen.add(routing_key)
-        if self.on_publish is not None:
-            self.on_publish()
+        if self._on_publish is not None:
+            self._on_publish()
 
     def decide(
         self,
@@ -152,7 +186,7 @@ class PublishReceiver:
         decision = self._count_or_inherit(task_name, body, headers)
         if chosen is None:
             return decision
-        priority = logical_from_wire(chosen, transport)
+        priority = from_wire(chosen, transport)
         if decision.reason is Reason.INHERITED:
             return Decision(decision.client_id, decision.pending, priority, Reason.INHERITED)
         return Decision(decision.client_id, decision.pending, priority, Reason.EXPLICIT)
@@ -226,8 +260,8 @@ class PublishReceiver:
             headers[H.INFLIGHT] = True  # counted in the in-flight list: the worker ends it
         if self._annotate and isinstance(headers.get("kwargsrepr"), str):
             headers["kwargsrepr"] = annotate_kwargsrepr(headers["kwargsrepr"], decision, self.dry_run)
-        if self.on_decision is not None:
-            self.on_decision(decision)
+        if self._on_decision is not None:
+            self._on_decision(decision)
 
     def _priced(
         self, decision: Decision, properties: dict[str, Any], chosen: int | None, transport: Transport
@@ -245,7 +279,7 @@ class PublishReceiver:
             and current == self.default_wire
         ):
             # The app's task_default_priority is what Celery already put on the message.
-            default = logical_from_wire(self.default_wire, transport)
+            default = from_wire(self.default_wire, transport)
             return Decision(None, None, default, Reason.NO_CLIENT), None
         return decision, to_wire(decision.priority, transport)
 

@@ -37,7 +37,7 @@ republishing: ContextVar[bool] = ContextVar("priority_router_republishing", defa
 _WRAPPED = "_priority_router_wrapped"
 
 
-def wrap_sender(app: Celery, on_build: Callable[[Celery], None], demotes: Callable[[Celery], bool]) -> None:
+def wrap_sender(app: Celery, on_build: Callable[[Celery], object], demotes: Callable[[Celery], bool]) -> None:
     """Wrap ``app``'s task sender (idempotent); ``on_build(app)`` runs when Celery
     builds it, or now if Celery already has."""
     amqp = app.amqp

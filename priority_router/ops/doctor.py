@@ -45,13 +45,13 @@ from ..integration.rabbitmq import (
 from ..limits import Limits
 from ..redact import redact_url
 from ..router import installed_router
+from ..store.client_ids import glob_escape
 from ..store.connection import is_cluster
-from ..store.keys import glob_escape
 from ..store.schema import SCHEMA, SchemaMismatch
 from .queues import unpriced_waiting
 
-#: kombu before 5.7: a threads worker at prefetch 1 runs about one document a second, and
-#: (before 5.4) a restored unacked message loses its priority.
+#: kombu before 5.7: a threads worker at prefetch 1 starts its next document only when its
+#: event loop wakes on its own, and (before 5.4) a restored unacked message loses its priority.
 MIN_KOMBU = (5, 7)
 DEFAULT_VISIBILITY_TIMEOUT = 3600
 

@@ -23,7 +23,6 @@ from rich.markup import escape
 from ..config import RouterConfig
 from ..errors import ConfigurationError
 from ..limits import Limits
-from ..policy import DEFAULT_THRESHOLDS, MOST_URGENT, Policy
 from ..simulation.compare import compare
 from ..simulation.costs import BASES, MAX_COST, counted_by
 from ..simulation.gate import GATE_TICK
@@ -41,6 +40,7 @@ from ..simulation.report import (
 from ..simulation.tiers import Tiers, TierSpecError, load_tiers_csv, parse_client_tier, parse_tier
 from ..simulation.trace import Trace, TraceError, load_csv
 from ..simulation.workloads import DEFAULT_SEED, WORKLOADS
+from ..thresholds import DEFAULT_THRESHOLDS, MOST_URGENT, Policy
 from ..tiers import Tier
 
 THRESHOLDS_HELP = (

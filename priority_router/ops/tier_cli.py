@@ -22,7 +22,7 @@ from ..errors import ConfigurationError, CounterUnavailable
 from ..limits import Limits
 from ..redact import redact_url
 from ..router import PriorityRouter
-from ..store.keys import normalize_client_id
+from ..store.client_ids import normalize_client_id
 from ..store.limit_store import LIMITS_REFRESH
 from ..store.tier_store import DEFAULT_TIER_REFRESH
 from ..tiers import Tier

@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from ..policy import Policy
 from ..store.costs import MAX_COST, ONE, RESOLUTION, InvalidCost, as_count, cost_units
+from ..thresholds import Policy
 from ..tiers import Tier
 
 if TYPE_CHECKING:

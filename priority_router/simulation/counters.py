@@ -1,6 +1,6 @@
 """The router's per-client counts, in memory, with the semantics of the Redis stores.
 
-The priority table is imported (:class:`~priority_router.policy.Policy`); the reset is not
+The priority table is imported (:class:`~priority_router.thresholds.Policy`); the reset is not
 code but Redis TTL behaviour, so it is restated here and checked against the real stores
 (``tests/unit/test_simulation_counters.py`` runs one random sequence through both):
 
@@ -38,7 +38,7 @@ class SeedCount:
         #: client -> [units counted in the spell, time of the last check]
         self._state: dict[Hashable, list[float]] = {}
 
-    def check(self, client: Hashable, now: float, units: int = 1) -> int:
+    def record(self, client: Hashable, now: float, units: int = 1) -> int:
         """One counted submission of ``units`` at ``now``; the pending count it is checked
         at: minus what the spell counted before it (0, -1, -2, ... with units of 1)."""
         state = self._state.get(client)
@@ -71,7 +71,7 @@ class InflightCount:
         self._list_of: dict[Hashable, float] = {}
         self._lists = 0
 
-    def check(self, client: Hashable, document: Hashable, now: float, units: int = 1) -> int:
+    def record(self, client: Hashable, document: Hashable, now: float, units: int = 1) -> int:
         """The counted publish of ``document``, ``units`` of it, at ``now``; the pending
         count it is checked at: minus what is in flight before it."""
         state = self._state.get(client)

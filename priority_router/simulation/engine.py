@@ -10,8 +10,8 @@ The model (docs/simulate.md says why each part is what matters for fidelity):
 - A document holds its slot for its duration.  Publishing takes no time; fetching,
   acknowledging and handing a document to a slot take ``overhead`` seconds, during
   which the slot is taken and the document not yet started (0 by default; a real
-  worker here spends 1-2 ms with plain Celery's prefetch and 3-4 ms with the router's
-  prefetch of 1, as ``bench/simulate_fidelity.py`` measures).
+  worker spends more with the router's prefetch of 1 than with plain Celery's, as
+  ``bench/simulate_fidelity.py`` measures: docs/simulate.md).
 - Events at one instant happen in this order: the max_wait sweep, then documents
   finishing (the freed slot takes its next document at once), then publishes, in trace
   order.

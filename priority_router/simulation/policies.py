@@ -34,7 +34,7 @@ from typing import Protocol
 
 from ..config import RouterConfig
 from ..integration.starvation import BATCH, MAX_CALLS, sweep_interval
-from ..policy import LEAST_URGENT, Policy
+from ..thresholds import LEAST_URGENT, Policy
 from .costs import ONE, RESOLUTION, as_count, whole
 from .counters import InflightCount, SeedCount
 from .tiers import Tiers
@@ -155,9 +155,9 @@ class RouterQueue:
 
     def _publish(self, doc: int, client: int, now: float) -> None:
         if self.mode == "seed":
-            pending = self._seed.check(client, now)
+            pending = self._seed.record(client, now)
         else:
-            pending = self._inflight.check(client, doc, now)
+            pending = self._inflight.record(client, doc, now)
         if self.prioritize is None:
             priority = self.thresholds.priority_for(pending)
         else:
@@ -168,9 +168,9 @@ class RouterQueue:
     def _publish_costed(self, doc: int, client: int, now: float) -> None:
         units = self._units[doc]
         if self.mode == "seed":
-            pending = self._seed.check(client, now, units)
+            pending = self._seed.record(client, now, units)
         else:
-            pending = self._inflight.check(client, doc, now, units)
+            pending = self._inflight.record(client, doc, now, units)
         if self.prioritize is None:
             priority = self.thresholds.priority_for(whole(pending))
         else:

@@ -27,8 +27,8 @@ from typing import Any
 
 from ..errors import ConfigurationError, PriorityRouterError
 from ..limits import NONE, Limits
-from ..policy import Policy
-from ..store.keys import normalize_client_id
+from ..store.client_ids import normalize_client_id
+from ..thresholds import Policy
 from ..tiers import Tier
 from .costs import level
 

@@ -20,7 +20,7 @@ from itertools import pairwise
 from pathlib import Path
 
 from ..errors import PriorityRouterError
-from ..store.keys import normalize_client_id
+from ..store.client_ids import normalize_client_id
 from .costs import MAX_COST, MAX_UNITS, ONE, InvalidCost, cost_units
 
 HEADER = ("timestamp", "client_id", "duration")

@@ -9,9 +9,9 @@ bounded by active clients.
 
 A check is ``MULTI; INCR key; PEXPIRE key ms; EXEC``: atomic, so concurrent
 publishers on many hosts lose no update, and no key is ever left without expiry.
-Two native commands in a transaction serve about 1.3x the checks/s of the
-equivalent Lua script (``bench/counter_throughput.py``); on the client the
-transaction is sent pre-packed (``packed.py``), one round trip.  A batch of ``n``
+Two native commands in a transaction serve more checks per second than the
+equivalent Lua script (``bench/counter_throughput.py``; docs/performance.md); on the
+client the transaction is sent pre-packed (``packed.py``), one round trip.  A batch of ``n``
 documents is one check with ``INCRBY key n``.  Once tiers are in use, the same
 transaction also reads the client's tier (``GET``; its key shares the client's hash tag).
 """
@@ -22,9 +22,9 @@ from typing import Any
 
 import redis
 
+from .client_ids import TIER_SUFFIX, client_id_from_key, client_key
+from .client_keys import ClientKeys, CounterState, Layout
 from .costs import ONE, pending_before
-from .keys import TIER_SUFFIX, client_id_from_key, client_key
-from .keyspace import ClientKeys, CounterState, Layout
 from .packed import Extras, PackedCheck, pipelined_add, supports
 
 #: Ends the key of a client's extras in the seed mode (``costs.py``).
@@ -57,7 +57,7 @@ class Counter(ClientKeys):
             else pipelined_add(client, ms, _tier_of_counter)
         )
 
-    def check(self, client_id: str) -> int:
+    def record(self, client_id: str) -> int:
         """One counted submission of cost 1 (docs/scheme.md, "One check"); the new pending count."""
         return 1 - self._add(client_key(self._prefix, client_id), 1)[0]
 

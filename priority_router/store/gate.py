@@ -24,8 +24,8 @@ from typing import Any
 import redis
 
 from ..limits import Limits
+from .client_ids import gate_keys, held_index_key
 from .costs import ONE
-from .keys import gate_keys, held_index_key
 
 _LUA = Path(__file__).parent / "lua"
 

@@ -28,7 +28,8 @@ checked at 0, as in the seed mode), and ``pending = 0`` when the list is gone.
   without either.
 
 The entry ``m`` is the 8-byte BLAKE2b digest of the task id: a list keeps it in 10
-bytes (a UUID's 36 characters would take 38), and it costs the publisher about 0.4 µs.
+bytes (a UUID's 36 characters would take 38), and hashing costs the publisher little
+beside the round trip (docs/performance.md).
 Two in-flight documents of one client share an entry with probability about
 k**2 / 2**65 for k documents in flight (3e-14 for a thousand), and even then each end
 removes one of them.
@@ -43,9 +44,9 @@ from typing import Any
 
 import redis
 
+from .client_ids import INFLIGHT_SUFFIX, TIER_SUFFIX, client_id_from_inflight_key, inflight_key
+from .client_keys import ClientKeys, Layout
 from .costs import ONE, SENTINEL, pending_before, sentinel_extras
-from .keys import INFLIGHT_SUFFIX, TIER_SUFFIX, client_id_from_inflight_key, inflight_key
-from .keyspace import ClientKeys, Layout
 from .packed import CACHE_SIZE, EXEC, MULTI, bulk, command, supports, transact
 
 
@@ -89,7 +90,7 @@ class InflightCounter(ClientKeys):
         self._publish_costed: Any = client.register_script((_LUA / "publish_costed.lua").read_text())
         self._end_costed: Any = client.register_script((_LUA / "end_costed.lua").read_text())
 
-    def check(self, client_id: str, task_id: str) -> int:
+    def record(self, client_id: str, task_id: str) -> int:
         """One counted publish of document ``task_id`` of cost 1; returns the new pending count."""
         pending, _ = self.count(client_id, task_id)
         return int(pending)

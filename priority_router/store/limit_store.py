@@ -23,7 +23,7 @@ import redis
 
 from ..errors import ConfigurationError
 from ..limits import NONE, Limits, decode
-from .keys import default_limits_key, limits_key, limits_version_key
+from .client_ids import default_limits_key, limits_key, limits_version_key
 
 logger = logging.getLogger("priority_router")
 

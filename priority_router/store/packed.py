@@ -1,13 +1,14 @@
 """The counter's check as one pre-packed transaction: the publish hot path.
 
 A check is ``MULTI; INCR key; PEXPIRE key ms; EXEC`` (``INCRBY key n`` for a batch).
-Sent through redis-py's ``pipeline(transaction=True)`` it costs the client about 1.2 times a ``PING``: most of
-that is the pipeline object, per-command packing and response callbacks, not the
-network.  Here the bytes are packed once per client and cached, then written on a
-connection from the client's own pool and the four replies read back: about 0.9 of a
-``PING`` (``bench/check_cost.py``).  The server runs exactly the same transaction, so
-its capacity is unchanged (``bench/counter_throughput.py``), it stays atomic, and a
-key never exists without its expiry.
+Sent through redis-py's ``pipeline(transaction=True)`` it costs the client more than a
+``PING``: most of that is the pipeline object, per-command packing and response
+callbacks, not the network.  Here the bytes are packed once per client and cached, then
+written on a connection from the client's own pool and the four replies read back, which
+costs the client less than a ``PING`` (``bench/check_cost.py``; docs/performance.md).
+The server runs exactly the same transaction, so its capacity is unchanged
+(``bench/counter_throughput.py``), it stays atomic, and a key never exists without its
+expiry.
 
 Only a plain ``redis.Redis`` (direct, Unix socket, TLS or Sentinel-managed) is driven
 this way; any other client (Redis Cluster, a single-connection client) gets the same

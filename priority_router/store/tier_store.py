@@ -21,7 +21,7 @@ import redis
 
 from ..errors import ConfigurationError
 from ..tiers import Tier, decode
-from .keys import (
+from .client_ids import (
     TIER_SUFFIX,
     client_id_from_tier_key,
     default_tier_key,

@@ -53,24 +53,24 @@ def test_clients_are_independent(client: redis.Redis, key_prefix: str) -> None:
 
 def test_reset_after_more_than_interval_idle(client: redis.Redis, key_prefix: str) -> None:
     counter = Counter(client, key_prefix, reset_interval=0.3)
-    counter.check("acme")
-    counter.check("acme")
+    counter.record("acme")
+    counter.record("acme")
     time.sleep(0.45)
-    assert counter.check("acme") == 0
+    assert counter.record("acme") == 0
 
 
 def test_each_check_rearms_the_reset(client: redis.Redis, key_prefix: str) -> None:
     # The interval counts from the last update, not from the first document.
     counter = Counter(client, key_prefix, reset_interval=0.4)
-    counter.check("acme")
+    counter.record("acme")
     for expected in (-1, -2, -3):
         time.sleep(0.2)
-        assert counter.check("acme") == expected
+        assert counter.record("acme") == expected
 
 
 def test_idle_clients_keys_expire(client: redis.Redis, key_prefix: str) -> None:
     counter = Counter(client, key_prefix, reset_interval=0.2)
-    counter.check("gone")
+    counter.record("gone")
     assert 0 < client.pttl(counter.key("gone")) <= 200
     time.sleep(0.35)
     assert client.exists(counter.key("gone")) == 0

@@ -6,8 +6,8 @@ import pytest
 import redis
 
 from priority_router.limits import Limits
+from priority_router.store.client_ids import gate_keys
 from priority_router.store.gate import GateStore
-from priority_router.store.keys import gate_keys
 
 NOW = 1_700_000_000_000
 ONE = 1000

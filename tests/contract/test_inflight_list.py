@@ -109,10 +109,10 @@ def test_every_list_has_the_idle_reset(client: redis.Redis, key_prefix: str) -> 
 
 def test_lost_ends_are_cleared_by_the_idle_reset(client: redis.Redis, key_prefix: str) -> None:
     counter = InflightCounter(client, key_prefix, reset_interval=0.3)
-    counter.check("acme", "lost-1")
-    counter.check("acme", "lost-2")
+    counter.record("acme", "lost-1")
+    counter.record("acme", "lost-2")
     time.sleep(0.45)
-    assert counter.check("acme", "next") == 0
+    assert counter.record("acme", "next") == 0
 
 
 def test_concurrent_publishes_and_ends_lose_nothing(client: redis.Redis, key_prefix: str) -> None:

@@ -11,8 +11,8 @@ import redis
 from priority_router import CounterUnavailable, PriorityRouter
 from priority_router.decision import Reason
 from priority_router.store import schema
+from priority_router.store.client_ids import client_key, inflight_key, tier_key
 from priority_router.store.inflight import member
-from priority_router.store.keys import client_key, inflight_key, tier_key
 from priority_router.store.schema import SCHEMA, SchemaMismatch, schema_key
 
 

@@ -17,7 +17,7 @@ from click.testing import CliRunner, Result
 from priority_router import PriorityRouter
 from priority_router.limits import Limits
 from priority_router.ops.cli import main
-from priority_router.store.keys import client_token, tier_key
+from priority_router.store.client_ids import client_token, tier_key
 from priority_router.tiers import Tier
 
 #: The columns of one ``tier list --json`` row.

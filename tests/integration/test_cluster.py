@@ -172,10 +172,10 @@ def test_each_count_lives_on_its_master_and_expires_with_the_reset(
 def test_the_reset_is_the_keys_expiry(redis_cluster: LocalCluster, key_prefix: str) -> None:
     router = PriorityRouter(redis_url=redis_cluster.url, key_prefix=key_prefix)
     counter = Counter(router.redis, key_prefix, reset_interval=0.3)
-    counter.check("acme")
-    assert counter.check("acme") == -1
+    counter.record("acme")
+    assert counter.record("acme") == -1
     time.sleep(0.45)
-    assert counter.check("acme") == 0
+    assert counter.record("acme") == 0
 
 
 def test_concurrent_publishers_lose_no_update(router: PriorityRouter) -> None:
@@ -454,7 +454,7 @@ def test_caps_hold_on_the_cluster_with_real_workers(
     import redis as redis_py
     from support.services import running_worker
 
-    from priority_router.store.keys import gate_keys
+    from priority_router.store.client_ids import gate_keys
 
     runs_key = f"runs-{uuid.uuid4().hex[:8]}"
     env = {

@@ -153,6 +153,29 @@ def test_lifting_a_cap_starts_the_held_documents_within_seconds(
     assert _runs_of(seen, env, bulk) == [1] * 5
 
 
+def test_a_worker_that_stops_with_documents_held_says_so(
+    producer: Callable[[], Celery], runs: tuple[dict[str, str], redis.Redis]
+) -> None:
+    """Held documents wait in the store for a router worker: one stopping says how many,
+    whose, and what to do if it was the last; the next one releases them."""
+    env, seen, router, app = _trial(runs, producer, "bulk", max_in_flight=1)
+    bulk = _send(app, "bulk", 1, 1) + _send(app, "bulk", 0.05, 3)
+    worker = Worker(env, "--pool", "threads", "--concurrency", "2")
+    try:
+        worker.wait_ready()
+        _wait_held(router, "bulk", 3, worker.output)
+        worker.process.send_signal(signal.SIGTERM)  # a warm shutdown: the running one ends
+        worker.process.wait(timeout=30)
+        out = worker.output()
+    finally:
+        worker.stop()
+    assert "held by caps in the counter store, of 'bulk' (" in out and "tier unset" in out
+    with running_worker(env, "--pool", "threads", "--concurrency", "2"):
+        for r in bulk:
+            r.get(timeout=30)
+    assert _runs_of(seen, env, bulk) == [1] * 4
+
+
 def test_a_rate_starts_its_burst_then_r_per_second(
     producer: Callable[[], Celery], runs: tuple[dict[str, str], redis.Redis]
 ) -> None:

@@ -20,7 +20,7 @@ from celery.signals import task_failure, task_received
 
 from priority_router import PriorityRouter
 from priority_router import headers as H
-from priority_router.integration.endings import unwatch_endings, watch_endings
+from priority_router.integration.endings import watch_endings
 
 
 class Request:
@@ -32,20 +32,20 @@ class Request:
 
 
 @pytest.fixture
-def app() -> Iterator[Celery]:
-    app = Celery("unit", broker="redis://127.0.0.1:1/0", set_as_current=False)
-    yield app
-    unwatch_endings(app)
+def app() -> Celery:
+    return Celery("unit", broker="redis://127.0.0.1:1/0", set_as_current=False)
 
 
 @pytest.fixture
-def router(app: Celery) -> PriorityRouter:
+def router(app: Celery) -> Iterator[PriorityRouter]:
     router = PriorityRouter(mode="inflight", redis_client=fakeredis.FakeRedis())
-    watch_endings(app, lambda _app: router)
+    router.install(app)
+    watch_endings()  # as the app's first settle does
     router.record("acme", "lost")
     router.record("acme", "other")
     assert router.peek("acme").pending == -1
-    return router
+    yield router
+    router.uninstall(app)
 
 
 def _task(app: Celery) -> Any:

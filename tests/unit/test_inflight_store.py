@@ -9,7 +9,7 @@ import pytest
 from priority_router import PriorityRouter
 from priority_router.config import RouterConfig
 from priority_router.errors import ConfigurationError
-from priority_router.store.keys import client_id_from_inflight_key, client_key, inflight_key
+from priority_router.store.client_ids import client_id_from_inflight_key, client_key, inflight_key
 
 
 @pytest.fixture

@@ -62,8 +62,8 @@ def sequence(seed: int, ticks: int, per_tick: int, pause: float) -> list[Step]:
 def replay_seed(steps: list[Step], counter: Counter, model: SeedCount, now: Callable[[int], float]) -> None:
     for tick, client, _, _ in steps:
         t = now(tick)
-        got = counter.check(client)
-        assert got == model.check(client, t), (tick, client)
+        got = counter.record(client)
+        assert got == model.record(client, t), (tick, client)
         for other in CLIENTS:
             assert counter.read(other).pending == model.pending(other, t), (tick, other)
 
@@ -74,7 +74,7 @@ def replay_inflight(
     for tick, client, action, task in steps:
         t = now(tick)
         if action == "publish":
-            assert counter.check(client, task) == model.check(client, task, t), (tick, client, action)
+            assert counter.record(client, task) == model.record(client, task, t), (tick, client, action)
         else:
             assert counter.end(client, task) == model.end(client, task, t), (tick, client, action)
         for other in CLIENTS:
@@ -86,42 +86,42 @@ def replay_inflight(
 
 def test_seed_count_gives_the_scheme_worked_example() -> None:
     count = SeedCount(reset_interval=1500)
-    got = [DEFAULT_THRESHOLDS.priority_for(count.check("acme", 0.1 * i)) for i in range(22)]
+    got = [DEFAULT_THRESHOLDS.priority_for(count.record("acme", 0.1 * i)) for i in range(22)]
     assert got == [1, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7, 8, 8, 8, 8, 8, 8, 9]
 
 
 def test_seed_count_resets_after_more_than_the_interval_since_the_last_check() -> None:
     count = SeedCount(reset_interval=10)
-    assert [count.check("a", t) for t in (0, 9, 18, 27)] == [0, -1, -2, -3]  # each check re-arms
-    assert count.check("a", 37) == -4  # exactly the interval: Redis keeps the key
-    assert count.check("a", 47.001) == 0
+    assert [count.record("a", t) for t in (0, 9, 18, 27)] == [0, -1, -2, -3]  # each check re-arms
+    assert count.record("a", 37) == -4  # exactly the interval: Redis keeps the key
+    assert count.record("a", 47.001) == 0
     assert count.pending("a", 47.5) == 0 and count.pending("b", 0) == 0
 
 
 def test_inflight_count_is_one_minus_the_documents_in_flight() -> None:
     count = InflightCount(reset_interval=10)
-    assert [count.check("a", d, 0) for d in ("d1", "d2", "d3")] == [0, -1, -2]
+    assert [count.record("a", d, 0) for d in ("d1", "d2", "d3")] == [0, -1, -2]
     assert count.end("a", "d1", 1) is True
     assert count.end("a", "d1", 1) is False  # ended once only
-    assert count.check("a", "d4", 2) == -2
+    assert count.record("a", "d4", 2) == -2
     for d in ("d2", "d3", "d4"):
         count.end("a", d, 3)
-    assert count.check("a", "d5", 4) == 0
+    assert count.record("a", "d5", 4) == 0
 
 
 def test_inflight_end_of_an_unknown_document_still_rearms_the_reset() -> None:
     count = InflightCount(reset_interval=10)
-    count.check("a", "d1", 0)
+    count.record("a", "d1", 0)
     assert count.end("a", "nobody", 8) is False
-    assert count.check("a", "d2", 17) == -1  # 9 s after the end, not 17 s after the publish
+    assert count.record("a", "d2", 17) == -1  # 9 s after the end, not 17 s after the publish
 
 
 def test_inflight_documents_of_an_expired_list_are_not_counted_again() -> None:
     count = InflightCount(reset_interval=10)
-    count.check("a", "old", 0)
-    assert count.check("a", "new", 11) == 0  # the list expired: a new spell
+    count.record("a", "old", 0)
+    assert count.record("a", "new", 11) == 0  # the list expired: a new spell
     assert count.end("a", "old", 12) is False
-    assert count.check("a", "newer", 13) == -1  # "new" is still in flight
+    assert count.record("a", "newer", 13) == -1  # "new" is still in flight
 
 
 # -- the same sequence through the real stores ---------------------------------------------
@@ -230,35 +230,35 @@ def test_inflight_count_matches_the_redis_list_in_real_time(store: redis.Redis, 
 
 def test_a_seed_check_is_at_minus_the_costs_counted_before_it_in_the_spell() -> None:
     count = SeedCount(reset_interval=10, one=1000)
-    assert [count.check("a", t, u) for t, u in ((0, 30_000), (1, 1000), (2, 2500), (3, 500))] == [
+    assert [count.record("a", t, u) for t, u in ((0, 30_000), (1, 1000), (2, 2500), (3, 500))] == [
         0,  # the spell's first document, however large
         -30_000,
         -31_000,
         -33_500,
     ]
     assert count.pending("a", 3) == 1000 - 34_000  # a read: 1 - what the spell counted
-    assert count.check("a", 14, 7000) == 0  # idle more than the interval: a new spell
-    assert count.check("a", 15, 1000) == -7000
+    assert count.record("a", 14, 7000) == 0  # idle more than the interval: a new spell
+    assert count.record("a", 15, 1000) == -7000
 
 
 def test_an_inflight_check_is_at_minus_the_costs_in_flight_and_an_end_gives_its_cost_back_once() -> None:
     count = InflightCount(reset_interval=10, one=1000)
-    assert count.check("a", "scan", 0, 30_000) == 0
-    assert count.check("a", "invoice", 0, 1000) == -30_000
+    assert count.record("a", "scan", 0, 30_000) == 0
+    assert count.record("a", "invoice", 0, 1000) == -30_000
     assert count.end("a", "scan", 1, 30_000) is True
     assert count.end("a", "scan", 1, 30_000) is False  # once only
-    assert count.check("a", "note", 2, 2500) == -1000  # only the invoice is in flight
+    assert count.record("a", "note", 2, 2500) == -1000  # only the invoice is in flight
     assert count.pending("a", 2) == 1000 - 3500
     assert count.end("a", "invoice", 3, 1000) and count.end("a", "note", 3, 2500)
-    assert count.pending("a", 3) == 0 and count.check("a", "next", 4, 1000) == 0  # nothing in flight
+    assert count.pending("a", 3) == 0 and count.record("a", "next", 4, 1000) == 0  # nothing in flight
 
 
 def test_an_end_of_a_costed_document_from_an_expired_list_gives_nothing_back() -> None:
     count = InflightCount(reset_interval=10, one=1000)
-    count.check("a", "old", 0, 5000)
-    assert count.check("a", "new", 11, 2000) == 0  # the list expired: a new spell
+    count.record("a", "old", 0, 5000)
+    assert count.record("a", "new", 11, 2000) == 0  # the list expired: a new spell
     assert count.end("a", "old", 12, 5000) is False
-    assert count.check("a", "newer", 13, 1000) == -2000  # "new" is still in flight, and only it
+    assert count.record("a", "newer", 13, 1000) == -2000  # "new" is still in flight, and only it
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -269,9 +269,9 @@ def test_a_cost_of_one_in_thousandths_is_the_count_in_documents_exactly(seed: in
     flight, flight_units = InflightCount(INTERVAL), InflightCount(INTERVAL, one=1000)
     for tick, client, action, task in steps:
         t = tick * GRID
-        assert units.check(client, t, 1000) == 1000 * docs.check(client, t)
+        assert units.record(client, t, 1000) == 1000 * docs.record(client, t)
         if action == "publish":
-            assert flight_units.check(client, task, t, 1000) == 1000 * flight.check(client, task, t)
+            assert flight_units.record(client, task, t, 1000) == 1000 * flight.record(client, task, t)
         else:
             assert flight_units.end(client, task, t, 1000) == flight.end(client, task, t)
         for other in CLIENTS:
@@ -304,7 +304,7 @@ def test_costed_seed_counts_match_the_redis_counter_on_a_driven_clock(
         clock.now = start + tick * GRID
         t = tick * GRID
         (got,), _ = counter.count(who, 1, units[task], costs=True)
-        assert got == as_count(model.check(who, t, units[task])), (tick, who, units[task])
+        assert got == as_count(model.record(who, t, units[task])), (tick, who, units[task])
         for other in CLIENTS:
             assert counter.read(other).pending == as_count(model.pending(other, t)), (tick, other)
 
@@ -324,7 +324,7 @@ def test_costed_inflight_counts_match_the_redis_list_on_a_driven_clock(
         cost = units.get(task, ONE)  # a ghost's end: cost 1
         if action == "publish":
             got, _ = counter.count(who, task, cost, costs=True)
-            assert got == as_count(model.check(who, task, t, cost)), (tick, who, action, cost)
+            assert got == as_count(model.record(who, task, t, cost)), (tick, who, action, cost)
         else:
             assert counter.end(who, task, cost, costs=True) == model.end(who, task, t, cost), (tick, who)
         for other in CLIENTS:

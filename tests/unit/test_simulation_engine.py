@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from priority_router.policy import DEFAULT_THRESHOLDS
 from priority_router.simulation.engine import run
 from priority_router.simulation.policies import Fifo, RouterQueue
 from priority_router.simulation.trace import Trace, TraceBuilder
 from priority_router.simulation.workloads import NoisyNeighbour, SteadyBurst
+from priority_router.thresholds import DEFAULT_THRESHOLDS
 
 
 def trace_of(*docs: tuple[float, str, float]) -> Trace:

@@ -1,3 +1,5 @@
+import warnings
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -128,3 +130,23 @@ def test_the_old_name_of_the_default_table_still_imports_with_a_deprecation_warn
         assert policy.DOCBITS_THRESHOLDS is DEFAULT_THRESHOLDS
     with pytest.raises(AttributeError, match="no attribute 'NO_SUCH_NAME'"):
         _ = priority_router.NO_SUCH_NAME
+
+
+def test_the_old_module_still_imports_each_name_with_one_deprecation_warning() -> None:
+    from priority_router import thresholds
+
+    for name in ("Policy", "Threshold", "DEFAULT_THRESHOLDS", "is_priority", "MOST_URGENT"):
+        namespace: dict[str, object] = {}
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            exec(f"from priority_router.policy import {name} as found", namespace)
+        assert namespace["found"] is getattr(thresholds, name)
+        assert [str(w.message) for w in caught] == [
+            f"priority_router.policy is deprecated: import {name} from priority_router.thresholds"
+        ]
+        assert all(w.category is DeprecationWarning and w.filename == "<string>" for w in caught)
+    with pytest.warns(DeprecationWarning, match=r"import DEFAULT_THRESHOLDS from priority_router\.thresh"):
+        from priority_router.policy import DOCBITS_THRESHOLDS
+    assert DOCBITS_THRESHOLDS is thresholds.DEFAULT_THRESHOLDS
+    with pytest.raises(ImportError, match="NO_SUCH_NAME"):
+        from priority_router.policy import NO_SUCH_NAME  # noqa: F401

@@ -3,7 +3,7 @@ import string
 from hypothesis import given
 from hypothesis import strategies as st
 
-from priority_router.store.keys import (
+from priority_router.store.client_ids import (
     MAX_TOKEN_LENGTH,
     client_id_from_key,
     client_key,

@@ -15,8 +15,8 @@ from typing import Any
 
 import redis
 
+from .client_ids import client_key, glob_escape
 from .costs import RESOLUTION, as_count, extras_value, sentinel_extras
-from .keys import client_key, glob_escape
 
 
 @dataclass(frozen=True)

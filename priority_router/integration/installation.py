@@ -1,0 +1,56 @@
+"""The record ``install`` keeps on each app, and the one way to find an app's router.
+
+``install.py`` writes the record; the worker-side modules (``endings.py``, ``gate.py``)
+and the CLI find the router through :func:`installed_router`.  This module imports
+nothing of the package at run time, so every module can use it without a cycle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..router import PriorityRouter
+    from .gate import GateThread
+    from .pools import WorkerPool
+    from .publish import PublishReceiver
+    from .starvation import Sweeper
+
+
+@dataclass
+class Installation:
+    """What ``install`` set up on one app, so that ``uninstall`` can take it all down."""
+
+    router: PriorityRouter
+    receiver: PublishReceiver
+    #: Warnings already given for this app (each is said once).
+    warned: set[str] = field(default_factory=set)
+    #: The app's ``priority_router_*`` settings the router last followed.
+    celery_settings: dict[str, Any] | None = None
+    #: The worker's max_wait sweeper (Redis), once the worker is ready.
+    sweeper: Sweeper | None = None
+    #: The gate's thread (leases, releases, borrowing), once the worker is ready.
+    gate: GateThread | None = None
+    #: The pool of the worker this app runs in, once a worker starts (``pools.py``).
+    pool: WorkerPool | None = None
+    #: The values the router set in the app's configuration, by key: not the user's choice.
+    applied: dict[str, object] = field(default_factory=dict)
+
+
+#: Where an app keeps its installation: read on every publish, so a plain attribute
+#: lookup rather than a WeakKeyDictionary (which builds a weak reference per lookup).
+ATTRIBUTE = "_priority_router_installation"
+
+
+def installation_of(app: object) -> Installation | None:
+    """The installation on ``app`` (a Celery app), None when no router is installed on it."""
+    namespace = getattr(app, "__dict__", None)  # None for None, or an object without one
+    installation: Installation | None = namespace.get(ATTRIBUTE) if namespace is not None else None
+    return installation
+
+
+def installed_router(app: object) -> PriorityRouter | None:
+    """The router installed on ``app``, if any."""
+    installation = installation_of(app)
+    return installation.router if installation is not None else None
