@@ -101,7 +101,11 @@ def status(ctx: click.Context, as_json: bool, app_name: str | None, limit: int |
     columns += ("in flight",) if inflight else ()
     columns += ("running", "held", "limits") if limited else ()
     for column in columns:
-        table.add_column(column, justify="left" if column in ("client", "limits") else "right")
+        # Folded, never cut with an ellipsis: at 80 columns a client id or its limits must still
+        # be read whole.
+        table.add_column(
+            column, justify="left" if column in ("client", "limits") else "right", overflow="fold"
+        )
     for r in rows:
         table.add_row(
             r["client_id"],
