@@ -147,25 +147,16 @@ def test_the_demo_runs_as_installed_from_a_wheel(redis_server_url: str, tmp_path
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "REDIS_URL")}
-    probe = subprocess.run(
-        [python, "-c", "import importlib.util; print(importlib.util.find_spec('workers'))"],
-        env=env,
-        capture_output=True,
-        text=True,
-        cwd=elsewhere,
-        check=True,
-    )
+
+    def printed(code: str) -> str:
+        run = subprocess.run([python, "-c", code], env=env, capture_output=True, text=True, cwd=elsewhere)
+        assert run.returncode == 0, run.stderr
+        return run.stdout.strip()
+
     # The repository's workers/ is out of reach; the package is the copy, not the checkout.
-    assert probe.stdout.strip() == "None", probe.stdout
-    where = subprocess.run(
-        [python, "-c", "import priority_router; print(priority_router.__file__)"],
-        env=env,
-        capture_output=True,
-        text=True,
-        cwd=elsewhere,
-        check=True,
-    )
-    assert where.stdout.startswith(str(tmp_path / "env" / "installed")), where.stdout
+    assert printed("import importlib.util; print(importlib.util.find_spec('workers'))") == "None"
+    where = printed("import priority_router; print(priority_router.__file__)")
+    assert where.startswith(str(tmp_path / "env" / "installed")), where
     # The directory it runs from has a workers/ package of its own, which must not be used.
     (tmp_path / "workers").mkdir()
     (tmp_path / "workers" / "__init__.py").write_text("raise ImportError('the user workers package')\n")
