@@ -75,6 +75,7 @@ class PriorityRouter:
 
     @classmethod
     def from_config(cls, config: RouterConfig, redis_client: redis.Redis | None = None) -> PriorityRouter:
+        """A router with every setting from ``config`` (no environment, no Celery settings)."""
         return cls(config=config, redis_client=redis_client)
 
     @classmethod
@@ -400,12 +401,14 @@ class PriorityRouter:
         return tier
 
     def unset_default_tier(self) -> bool:
+        """Remove the default tier and its limits; whether there was one."""
         self.follow_apps()
         with self._store("unset the default tier for", "every client"):
             had_limits = self.limit_store.set_default(NONE)
             return self.tier_store.unset_default() or had_limits
 
     def default_tier(self) -> Tier | None:
+        """The tier (with its limits) of every client without a tier of its own, or None."""
         self.follow_apps()
         with self._store("read the default tier for", "every client"):
             tier, limits = self.tier_store.get_default(), self.limit_store.get_default()

@@ -93,6 +93,9 @@ class Policy:
 
     @classmethod
     def from_rows(cls, rows: Iterable[tuple[int, int]], fallback: int = MOST_URGENT) -> Policy:
+        """A table from ``(limit, priority)`` rows, ascending: a count below ``limit`` gets
+        ``priority``, the first matching row wins, and ``fallback`` applies past the last.
+        Validated: a bad table raises :class:`ConfigurationError` naming the fix."""
         return cls(tuple(_row_from_pair(r) for r in rows), fallback)
 
 

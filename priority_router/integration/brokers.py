@@ -17,6 +17,8 @@ from ..thresholds import LEAST_URGENT, MOST_URGENT, is_priority
 
 
 class Transport(str, Enum):
+    """The brokers whose message priorities the router drives."""
+
     REDIS = "redis"
     AMQP = "amqp"
     #: kombu's in-memory transport (tests): accepted, but it has no priorities.
@@ -24,6 +26,8 @@ class Transport(str, Enum):
 
     @classmethod
     def from_driver(cls, driver_type: str, broker_url: str = "") -> Transport:
+        """The transport of a kombu driver type; :class:`ConfigurationError` for a broker
+        without priorities the router can drive."""
         try:
             return cls(driver_type)
         except ValueError:
