@@ -17,6 +17,7 @@ from dataclasses import Field, dataclass, field, fields
 from typing import Any
 
 from .errors import ConfigurationError
+from .redact import redact_url
 from .thresholds import DEFAULT_THRESHOLDS, Policy, check_priority
 
 #: Called as ``getter(task_name, args, kwargs, headers)``; returns a client id or None.
@@ -44,7 +45,7 @@ def _seconds(raw: str, where: str) -> float:
     try:
         return float(raw.strip())
     except ValueError:
-        raise ConfigurationError(where, f"{raw!r} is not a number", "set it to seconds, e.g. 1500") from None
+        raise ConfigurationError(where, f"{raw!r} is not a number", "set it to a number of seconds") from None
 
 
 def _whole(raw: str, where: str) -> int:
@@ -277,6 +278,16 @@ class RouterConfig:
         """Settings from ``PRIORITY_ROUTER_*`` variables; ``overrides`` that are not None win."""
         given = {k: v for k, v in overrides.items() if v is not None}
         return cls.from_mapping({**env_values(environ), **given}, _env_name)
+
+    def __repr__(self) -> str:
+        # Written by hand so that a logged config never shows the store's password.
+        shown = ", ".join(
+            f"{f.name}={redact_url(self.redis_url)!r}"
+            if f.name == "redis_url"
+            else f"{f.name}={getattr(self, f.name)!r}"
+            for f in fields(self)
+        )
+        return f"RouterConfig({shown})"
 
     def as_dict(self) -> dict[str, Any]:
         """Every setting by name."""

@@ -108,3 +108,10 @@ def test_valid_urls_and_boundaries_are_accepted() -> None:
     assert RouterConfig(reset_interval=1).reset_interval == 1.0
     assert RouterConfig(thresholds=[(0, 9)]).thresholds.priority_for(-1) == 9
     assert RouterConfig(consumer_check_interval=0).consumer_check_interval == 0
+
+
+def test_a_config_shown_or_logged_never_shows_the_stores_password() -> None:
+    config = RouterConfig(redis_url="redis://router:s3cret-pass@127.0.0.1:6402/0", key_prefix="docs:")
+    assert "s3cret-pass" not in repr(config) and "s3cret-pass" not in f"{config}"
+    assert "redis://router:***@127.0.0.1:6402/0" in repr(config) and "key_prefix='docs:'" in repr(config)
+    assert config.redis_url.endswith(":s3cret-pass@127.0.0.1:6402/0")  # the value itself is kept
