@@ -276,7 +276,8 @@ class GateThread(Periodic):
         self._renewed = 0.0
         self._looked = 0.0
 
-    def step(self) -> None:
+    def step(self) -> bool:
+        worked = False
         limits = self.router.limit_store.snapshot()
         now = time.monotonic()
         if now - self._renewed >= self.router.gate_store.lease_ms / 3000:
@@ -284,12 +285,15 @@ class GateThread(Periodic):
             running = gated_requests(self.router)
             if running:
                 self.router.gate_store.renew(running)
+                worked = True
         # Without any limit, only documents held before the limits went are left to release.
         if limits or now - self._looked >= RECHECK:
             self._looked = now
             self._release_due(limits)
+            worked = True
         if limits.borrowing:
             self._lend(limits)
+        return worked
 
     def _release_due(self, limits: Snapshot) -> None:
         store = self.router.gate_store

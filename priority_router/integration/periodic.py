@@ -22,7 +22,9 @@ class Periodic:
         self._failing = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
-    def step(self) -> None:
+    def step(self) -> bool:
+        """One step; whether it reached what it works on (a step with nothing to do says
+        False, so that it does not count as the store or broker answering again)."""
         raise NotImplementedError
 
     def on_failure(self) -> None:
@@ -40,7 +42,7 @@ class Periodic:
     def _run(self) -> None:
         while not self._stopped.wait(self.interval):
             try:
-                self.step()
+                worked = self.step()
             except Exception as exc:
                 self.on_failure()
                 if not self._failing:
@@ -57,6 +59,6 @@ class Periodic:
                     logger.debug("%s failed again", self.doing, exc_info=True)
                 self._failing = True
                 continue
-            if self._failing:
-                logger.warning("priority-router: %s works again", self.doing)
+            if self._failing and worked:
+                logger.info("priority-router: %s works again", self.doing)
                 self._failing = False

@@ -107,10 +107,11 @@ class Sweeper(Periodic):
         self._promoter: Promoter | None = None
         self.moved = 0
 
-    def step(self) -> None:
+    def step(self) -> bool:
         moved = self.sweep()
         if moved:
             logger.debug("max_wait: %d overdue documents served first", moved)
+        return True
 
     def sweep(self) -> int:
         """One sweep of every queue the worker consumes; how many documents moved."""
