@@ -288,11 +288,16 @@ def queues(ctx: click.Context, app_name: str | None, as_json: bool) -> None:
         steps = sorted({s for q in depths.queues for s in q.by_priority})
         for step in steps:
             table.add_column(
-                "none" if step == 0 else f"p{from_wire(step, depths.transport)}", justify="right"
+                "first" if step == 0 else f"p{from_wire(step, depths.transport)}", justify="right"
             )
         table.add_column("total", justify="right")
         for q in depths.queues:
             table.add_row(q.queue, *(str(q.by_priority.get(s, 0)) for s in steps), str(q.ready))
+        if 0 in steps:
+            table.caption = (
+                "first: the list served before p1: documents published without a priority (no router), "
+                "and those max_wait serves first; doctor counts the former"
+            )
     else:
         table.add_column("ready", justify="right")
         table.add_column("consumers", justify="right")
