@@ -286,8 +286,9 @@ class GateThread(Periodic):
             if running:
                 self.router.gate_store.renew(running)
                 worked = True
-        # Without any limit, only documents held before the limits went are left to release.
-        if limits or now - self._looked >= RECHECK:
+        # Without any limit, only documents held before the limits went are left to release;
+        # where no limit was ever stored, none can have been held.
+        if self.router.limit_store.ever_set and (limits or now - self._looked >= RECHECK):
             self._looked = now
             self._release_due(limits)
             worked = True
