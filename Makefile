@@ -46,7 +46,7 @@ lint: $(STAMP)
 ## The documentation site (mkdocs with Material, mkdocs.yml) into site/; any warning (a broken
 ## link or anchor, a page missing from the nav, a bad API reference) fails it.
 docs: $(STAMP)
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 ## Plain Celery vs the router on a noisy-neighbour workload; writes demo-results.png.
 demo: $(STAMP)
