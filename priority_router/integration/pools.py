@@ -70,6 +70,20 @@ def pool_of_worker(worker: Any) -> WorkerPool:
     return pool_named(getattr(worker, "pool_cls", None), getattr(worker, "concurrency", None))
 
 
+def pool_of_stats(stats: Mapping[str, Any]) -> WorkerPool | None:
+    """The pool a live worker reports in ``inspect stats`` (its ``pool`` section), or None
+    when it reports none.  A known pool is named by its alias, without importing it."""
+    reported = stats.get("pool") or {}
+    implementation = reported.get("implementation")
+    if not isinstance(implementation, str):
+        return None
+    alias = next(
+        (a for a, path in concurrency.ALIASES.items() if path == implementation and a != "processes"),
+        implementation,
+    )
+    return pool_named(alias, reported.get("max-concurrency"))
+
+
 def _identify(pool: object) -> tuple[str, bool]:
     if isinstance(pool, str):
         if pool in concurrency.ALIASES:

@@ -326,14 +326,15 @@ def queues(ctx: click.Context, app_name: str | None, as_json: bool) -> None:
     "--pool",
     default=None,
     help="The worker pool, as for `celery worker -P` (prefork, threads, solo, gevent, eventlet) "
-    "[the app's worker_pool].",
+    "[the pool the live workers report, else the app's worker_pool].",
 )
 @click.option(
     "-c",
     "--concurrency",
     type=int,
     default=None,
-    help="The worker's concurrency, as for `celery worker -c` [the app's worker_concurrency].",
+    help="The worker's concurrency, as for `celery worker -c` [the live workers', else the app's "
+    "worker_concurrency].",
 )
 @click.pass_context
 def doctor(
@@ -345,10 +346,12 @@ def doctor(
 
     app_name = required_app(ctx, app_name)
     app = load_app(app_name)
-    try:
-        worker_pool = pool_named(pool or app.conf.worker_pool, concurrency or app.conf.worker_concurrency)
-    except Exception as exc:
-        fail(f"unknown worker pool {pool!r} ({exc}); use prefork, threads, solo, gevent or eventlet", 2)
+    worker_pool = None  # the live workers' pool, else the app's settings'
+    if pool is not None or concurrency is not None:
+        try:
+            worker_pool = pool_named(pool or app.conf.worker_pool, concurrency or app.conf.worker_concurrency)
+        except Exception as exc:
+            fail(f"unknown worker pool {pool!r} ({exc}); use prefork, threads, solo, gevent or eventlet", 2)
     try:
         findings = diagnose(app, worker_pool)
     except PriorityRouterError as exc:

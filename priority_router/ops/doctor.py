@@ -30,7 +30,7 @@ from ..integration.celery_internals import priority_list
 from ..integration.celery_settings import COSTS, REDIS_PRIORITY_STEPS, Change, describe, wanted_changes
 from ..integration.consumers import FIX, blind_workers
 from ..integration.install import STOPGAP, applied_settings, unpriced_effect
-from ..integration.pools import WorkerPool, pool_named
+from ..integration.pools import WorkerPool, pool_named, pool_of_stats
 from ..integration.rabbitmq import (
     QUORUM_DETECTION_FIX,
     QUORUM_WITHOUT_DETECTION,
@@ -69,13 +69,16 @@ Check = Callable[[Celery, Transport], Iterator[Finding]]
 
 def diagnose(app: Celery, pool: WorkerPool | None = None) -> list[Finding]:
     """Run every check that applies to ``app``'s broker, for workers running ``pool``
-    (by default the app's ``worker_pool`` and ``worker_concurrency``)."""
+    (by default the pool the live workers report, else the app's ``worker_pool`` and
+    ``worker_concurrency``)."""
     transport = transport_of(app)
     checks: dict[str, Check] = dict(_CHECKS)
-    if pool is not None:
-        checks["prefetch"] = functools.partial(_check_prefetch, pool=pool)
-        checks["limits"] = functools.partial(_check_limits, pool=pool)
     findings: list[Finding] = []
+    if pool is None:
+        pool, said = _pool_to_check(app)
+        findings.append(said)
+    checks["prefetch"] = functools.partial(_check_prefetch, pool=pool)
+    checks["limits"] = functools.partial(_check_limits, pool=pool)
     for name, check in checks.items():
         try:
             findings.extend(check(app, transport))
@@ -538,6 +541,34 @@ def _check_limits(app: Celery, transport: Transport, pool: WorkerPool | None = N
             )
     shown = f"{len(clients)} client(s) with limits" + (f", default {default.describe()}" if default else "")
     yield Finding("limits", True, f"{shown}; pool {slots if slots is not None else '?'} slot(s) ({whose})")
+
+
+def _pool_to_check(app: Celery) -> tuple[WorkerPool, Finding]:
+    """The pool the answering workers run when they all run one, else the app's settings'."""
+    configured = pool_named(app.conf.worker_pool, app.conf.worker_concurrency)
+    try:
+        with app.connection_for_write() as conn:
+            stats = app.control.inspect(timeout=1.0, connection=conn).stats() or {}
+    except Exception:
+        stats = {}
+    live = {pool for pool in map(pool_of_stats, stats.values()) if pool is not None}
+    if len(live) == 1:
+        (pool,) = live
+        return pool, Finding("pool", True, f"{pool}, as the {len(stats)} worker(s) answering run")
+    if live:
+        shown = "; ".join(sorted(map(str, live)))
+        return configured, Finding(
+            "pool",
+            True,
+            f"the workers answering run different pools ({shown}); checked for the app's settings: "
+            f"{configured}. Pass -P and -c to check another",
+        )
+    return configured, Finding(
+        "pool",
+        True,
+        f"{configured}, from the app's worker_pool and worker_concurrency (no worker answered); "
+        "pass -P and -c as the workers are started",
+    )
 
 
 def _pool_slots(app: Celery, pool: WorkerPool | None) -> tuple[int | None, str]:

@@ -7,6 +7,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,7 +15,7 @@ from amqp.exceptions import NotFound
 from celery import Celery
 from click.testing import CliRunner
 from kombu import Connection, Queue
-from support.services import broker_db_url
+from support.services import broker_db_url, running_worker
 
 from priority_router.ops.cli import main
 
@@ -83,6 +84,23 @@ def test_doctor_passes_an_installed_app(app_module: AppFactory, broker_url: str)
         # The doctor looked without creating anything.
         with Connection(broker_url) as conn, pytest.raises(NotFound):
             conn.default_channel.queue_declare(queue=queue, passive=True)
+
+
+def test_doctor_checks_for_the_pool_the_live_workers_run(
+    app_module: AppFactory, broker_url: str, tmp_path: Path
+) -> None:
+    """Without -P/-c, doctor asks the workers: a threads worker is checked as one, not as the
+    app's default prefork pool."""
+    name = app_module(broker_url, f"q-{uuid.uuid4().hex[:8]}")
+    code, findings = invoke("doctor", "-A", name)
+    (pool,) = [f for f in findings if f["check"] == "pool"]
+    assert "no worker answered" in pool["detail"]
+    with running_worker({"PYTHONPATH": str(tmp_path)}, "--pool", "threads", "--concurrency", "3", app=name):
+        code, findings = invoke("doctor", "-A", name)
+    (pool,) = [f for f in findings if f["check"] == "pool"]
+    assert pool["detail"] == "threads pool, concurrency 3, as the 1 worker(s) answering run"
+    (prefetch,) = [f for f in findings if f["check"] == "prefetch"]
+    assert prefetch["detail"].startswith("threads pool, concurrency 3")
 
 
 def test_doctor_names_what_defeats_priorities(app_module: AppFactory, redis_server_url: str) -> None:
