@@ -92,11 +92,11 @@ def test_doctor_checks_for_the_pool_the_live_workers_run(
     """Without -P/-c, doctor asks the workers: a threads worker is checked as one, not as the
     app's default prefork pool."""
     name = app_module(broker_url, f"q-{uuid.uuid4().hex[:8]}")
-    code, findings = invoke("doctor", "-A", name)
+    _, findings = invoke("doctor", "-A", name)
     (pool,) = [f for f in findings if f["check"] == "pool"]
     assert "no worker answered" in pool["detail"]
     with running_worker({"PYTHONPATH": str(tmp_path)}, "--pool", "threads", "--concurrency", "3", app=name):
-        code, findings = invoke("doctor", "-A", name)
+        _, findings = invoke("doctor", "-A", name)
     (pool,) = [f for f in findings if f["check"] == "pool"]
     assert pool["detail"] == "threads pool, concurrency 3, as the 1 worker(s) answering run"
     (prefetch,) = [f for f in findings if f["check"] == "prefetch"]
