@@ -205,11 +205,17 @@ def unset(ctx: click.Context, client: str | None, default: bool, app_name: str |
             message = f"{_shown_id(client)}: tier removed; {applies}"
         else:
             message = f"{_shown_id(client)} had no tier of its own; nothing removed"
+        held = sum(router.gate_state(c).held for c in ([client] if client else router.gate_store.holding()))
     except CounterUnavailable as exc:
         fail(str(exc))
     except ValueError as exc:  # not a client id
         fail(str(exc), 2)
     click.echo(message)
+    if held:
+        click.echo(
+            f"{held} document(s) held by caps wait in the counter store: workers with the router start "
+            "those the limits now allow within 2 s; while none runs, they wait (docs/caps.md)"
+        )
 
 
 @tier.command("list")

@@ -404,3 +404,20 @@ def test_unset_default_removes_default_limits_alone(
     result = cli("tier", "unset", "--default")
     assert "default tier removed" in result.output
     assert PriorityRouter(counter_url, key_prefix=key_prefix).limits("anyone") == Limits()
+
+
+def test_unset_says_how_many_documents_the_lifted_cap_held(
+    cli: Callable[..., Result], counter_url: str, key_prefix: str
+) -> None:
+    """Held documents start only when a router worker releases them: unset says so."""
+    assert cli("tier", "set", "bulk", "--max-in-flight", "1").exit_code == 0
+    router = PriorityRouter(counter_url, key_prefix=key_prefix)
+    limits = router.limits("bulk")
+    assert router.gate_store.admit("bulk", "first", limits, 1000, b"{}").outcome == "run"
+    for task in ("second", "third"):
+        held = router.gate_store.admit("bulk", task, limits, 1000, b"{}")
+        router.gate_store.note_held("bulk", held)
+    result = cli("tier", "unset", "bulk")
+    assert result.exit_code == 0, result.output
+    assert "2 document(s) held by caps wait in the counter store" in result.output
+    assert "held by caps" not in cli("tier", "unset", "light").output
