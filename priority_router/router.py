@@ -277,7 +277,7 @@ class PriorityRouter:
         """The client's current pending count and priority, without counting."""
         state = self.state(client_id)
         stored = None
-        with self._store("read the tier of", state.client_id):
+        with self._store("read the tier of", state.client_id, reads_only=True):
             tiered = self._tiered()
             if tiered:
                 stored = self.tier_store.stored(state.client_id)
@@ -339,7 +339,7 @@ class PriorityRouter:
     def state(self, client_id: object) -> CounterState:
         """What the counter store holds for one client (count and time to its reset)."""
         client = self._client(client_id)
-        with self._store("read", client):
+        with self._store("read", client, reads_only=True):
             return self.store.read(client)
 
     # -- tiers ------------------------------------------------------------------------
@@ -380,7 +380,7 @@ class PriorityRouter:
     def tier(self, client_id: object) -> Tier | None:
         """The client's own tier with its limits, None when it has none."""
         client = self._client(client_id)
-        with self._store("read the tier of", client):
+        with self._store("read the tier of", client, reads_only=True):
             tier = self.tier_store.get(client)
             if tier is None:
                 return None
@@ -389,14 +389,14 @@ class PriorityRouter:
     def limits(self, client_id: object) -> Limits:
         """The limits workers apply to ``client_id`` now: its own tier's, else the default's."""
         client = self._client(client_id)
-        with self._store("read the limits of", client):
+        with self._store("read the limits of", client, reads_only=True):
             own = self.limit_store.get(client)
             return own if own is not None else self.limit_store.get_default()
 
     def gate_state(self, client_id: object) -> GateState:
         """How many of the client's documents run and how many its limits hold."""
         client = self._client(client_id)
-        with self._store("read the gate of", client):
+        with self._store("read the gate of", client, reads_only=True):
             return self.gate_store.read(client)
 
     def tiers(self) -> dict[str, Tier]:
@@ -404,7 +404,7 @@ class PriorityRouter:
         in a form this version cannot read raises :class:`ConfigurationError` naming it."""
         found: dict[str, Tier] = {}
         self.follow_apps()
-        with self._store("list the tiers of", "every client"):
+        with self._store("list the tiers of", "every client", reads_only=True):
             limits = self.limit_store.all()
             for client, tier in self.tier_store.scan():
                 if isinstance(tier, ConfigurationError):
@@ -452,7 +452,7 @@ class PriorityRouter:
     def default_tier(self) -> Tier | None:
         """The tier (with its limits) of every client without a tier of its own, or None."""
         self.follow_apps()
-        with self._store("read the default tier for", "every client"):
+        with self._store("read the default tier for", "every client", reads_only=True):
             tier, limits = self.tier_store.get_default(), self.limit_store.get_default()
             if tier is None and not limits:
                 return None
@@ -607,11 +607,12 @@ class PriorityRouter:
         return result
 
     @contextlib.contextmanager
-    def _store(self, what: str, client: str) -> Iterator[None]:
+    def _store(self, what: str, client: str, reads_only: bool = False) -> Iterator[None]:
         """An explicit call's use of the store: refused when the store is another
-        release's (:class:`SchemaMismatch`), Redis failures as :class:`CounterUnavailable`."""
+        release's (:class:`SchemaMismatch`), Redis failures as :class:`CounterUnavailable`.
+        A call that ``reads_only`` does not mark an unmarked store as this release's."""
         with _store_errors(what, client):
-            self.schema.check()
+            self.schema.check(claim=not reads_only)
             yield
 
     # -- Celery -----------------------------------------------------------------------

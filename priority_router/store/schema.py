@@ -3,8 +3,9 @@
 A router claims the store on its first use (``SET <prefix>schema <ours> NX``) and reads
 the marker back.  A store marked with a schema this release does not read is refused:
 the router counts nothing there (publishes fail open) rather than misread another
-release's keys.  A release that changes the layout raises :data:`SCHEMA`; the upgrade
-rule is in the CHANGELOG and the README ("Upgrading").
+release's keys.  Reading alone (``peek``, ``inspect``, ``doctor``) marks nothing.  A release
+that changes the layout raises :data:`SCHEMA`; the upgrade rule is in the CHANGELOG and
+docs/lifecycle.md ("Upgrading").
 
 Schema 1 is the layout of 0.1.0, which wrote no marker: a store without one is taken to
 be schema 1 and marked so.
@@ -63,18 +64,22 @@ class StoreSchema:
         self._clock = clock
         self._checked_at: float | None = None
         self._refused: SchemaMismatch | None = None
+        self._claimed = False
         self._lock = threading.Lock()
 
-    def check(self) -> None:
+    def check(self, claim: bool = True) -> None:
         """Raise :class:`SchemaMismatch` when the store is another release's (logged once, as
-        an ERROR); Redis errors propagate.  Costs a round trip only when a re-check is due."""
+        an ERROR); Redis errors propagate.  Costs a round trip only when a re-check is due.
+        With ``claim`` an unmarked store is marked as this release's; without, it is only
+        read (a store without a marker is schema 1)."""
         checked = self._checked_at
-        if checked is not None and self._clock() - checked < RECHECK_SECONDS:
+        if checked is not None and self._clock() - checked < RECHECK_SECONDS and (self._claimed or not claim):
             if self._refused is not None:
                 raise self._refused
             return
         with self._lock:
-            found = self._claim()
+            found = self._claim() if claim else self._read()
+            self._claimed = self._claimed or claim
             refused = None if found in {str(v) for v in READABLE} else SchemaMismatch(self.key, found)
             if refused is not None and self._refused is None:
                 logger.error("priority-router: %s", refused)
@@ -84,6 +89,12 @@ class StoreSchema:
             self._checked_at = self._clock()
         if refused is not None:
             raise refused
+
+    def _read(self) -> str:
+        found = self._redis.get(self.key)
+        if found is None:
+            return "1"  # unmarked: the layout of 0.1.0, which wrote no marker
+        return found.decode(errors="replace") if isinstance(found, bytes) else str(found)
 
     def _claim(self) -> str:
         with self._redis.pipeline(transaction=False) as pipe:

@@ -26,6 +26,23 @@ def test_the_first_router_marks_the_store(client: redis.Redis, key_prefix: str) 
     assert client.get(schema_key(key_prefix)) == str(SCHEMA).encode()
 
 
+def test_reading_marks_nothing_and_the_first_write_marks_the_store(
+    client: redis.Redis, key_prefix: str
+) -> None:
+    router = PriorityRouter(redis_client=client, key_prefix=key_prefix)
+    router.peek("acme"), router.state("acme"), router.tier("acme"), router.tiers()
+    router.limits("acme"), router.gate_state("acme"), router.default_tier()
+    assert client.get(schema_key(key_prefix)) is None  # inspect, status and doctor only read
+    router.record("acme")
+    assert client.get(schema_key(key_prefix)) == str(SCHEMA).encode()
+
+
+def test_reading_still_refuses_a_store_of_another_schema(client: redis.Redis, key_prefix: str) -> None:
+    client.set(schema_key(key_prefix), "2")
+    with pytest.raises(SchemaMismatch):
+        PriorityRouter(redis_client=client, key_prefix=key_prefix).peek("acme")
+
+
 def test_a_store_laid_out_by_0_1_0_is_adopted_with_its_counts_and_tiers(
     client: redis.Redis, key_prefix: str
 ) -> None:
