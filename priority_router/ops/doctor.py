@@ -50,6 +50,11 @@ from ..store.connection import is_cluster
 from ..store.schema import SCHEMA, SchemaMismatch
 from .queues import unpriced_waiting
 
+#: Seconds after which a document still held with no limit anywhere is stranded: router
+#: workers release such documents within a few seconds.
+STRANDED_AFTER = 30.0
+
+
 #: kombu before 5.7: a threads worker at prefetch 1 starts its next document only when its
 #: event loop wakes on its own, and (before 5.4) a restored unacked message loses its priority.
 MIN_KOMBU = (5, 7)
@@ -507,7 +512,20 @@ def _check_limits(app: Celery, transport: Transport, pool: WorkerPool | None = N
         return
     clients = {c: v for c, v in router.limit_store.all().items() if isinstance(v, Limits) and v}
     default = router.limit_store.get_default()
+    now = time.time() * 1000
+    held = {client: router.gate_store.read(client) for client in router.gate_store.holding()}
+    held = {client: state for client, state in held.items() if state.held}
     if not clients and not default:
+        oldest = min((s.oldest_held_ms for s in held.values() if s.oldest_held_ms is not None), default=None)
+        if oldest is not None and now - oldest > STRANDED_AFTER * 1000:
+            yield Finding(
+                "limits",
+                False,
+                f"{sum(s.held for s in held.values())} document(s) are still held although no client has "
+                f"limits, the oldest for {(now - oldest) / 1000:.0f} s: workers with the router release "
+                "them within seconds, so none runs (a rollback, or the router switched off)",
+                "start one worker with this release's router until `priority-router status` shows none held",
+            )
         return
     slots, whose = _pool_slots(app, pool)
     for client, limits in sorted(clients.items()) + (
@@ -524,9 +542,7 @@ def _check_limits(app: Celery, transport: Transport, pool: WorkerPool | None = N
                 f"set it below {slots} (`priority-router tier set ... --max-in-flight N`), or drop it",
             )
     max_wait = router.config.max_wait
-    now = time.time() * 1000
-    for client in router.gate_store.holding():
-        state = router.gate_store.read(client)
+    for client, state in held.items():
         if max_wait is None or state.oldest_held_ms is None:
             continue
         waited = (now - state.oldest_held_ms) / 1000
@@ -540,6 +556,8 @@ def _check_limits(app: Celery, transport: Transport, pool: WorkerPool | None = N
                 "raise its max_in_flight or rate, or lift them (`priority-router tier unset CLIENT`)",
             )
     shown = f"{len(clients)} client(s) with limits" + (f", default {default.describe()}" if default else "")
+    if held:
+        shown += f", {sum(s.held for s in held.values())} document(s) held now"
     yield Finding("limits", True, f"{shown}; pool {slots if slots is not None else '?'} slot(s) ({whose})")
 
 
