@@ -14,7 +14,7 @@ import functools
 import re
 import shlex
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,11 +79,13 @@ def diagnose(app: Celery, pool: WorkerPool | None = None) -> list[Finding]:
     transport = transport_of(app)
     checks: dict[str, Check] = dict(_CHECKS)
     findings: list[Finding] = []
+    # The workers are asked at most once (a broadcast that waits a second), when a check needs them.
+    stats = functools.cache(lambda: _worker_stats(app))
     if pool is None:
-        pool, said = _pool_to_check(app)
+        pool, said = _pool_to_check(app, stats())
         findings.append(said)
     checks["prefetch"] = functools.partial(_check_prefetch, pool=pool)
-    checks["limits"] = functools.partial(_check_limits, pool=pool)
+    checks["limits"] = functools.partial(_check_limits, pool=pool, stats=stats)
     for name, check in checks.items():
         try:
             findings.extend(check(app, transport))
@@ -506,7 +508,12 @@ def _check_default_priority(app: Celery, transport: Transport) -> Iterator[Findi
     )
 
 
-def _check_limits(app: Celery, transport: Transport, pool: WorkerPool | None = None) -> Iterator[Finding]:
+def _check_limits(
+    app: Celery,
+    transport: Transport,
+    pool: WorkerPool | None = None,
+    stats: Callable[[], Mapping[str, Any]] | None = None,
+) -> Iterator[Finding]:
     router = installed_router(app)
     if router is None:
         return
@@ -527,7 +534,7 @@ def _check_limits(app: Celery, transport: Transport, pool: WorkerPool | None = N
                 "start one worker with this release's router until `priority-router status` shows none held",
             )
         return
-    slots, whose = _pool_slots(app, pool)
+    slots, whose = _pool_slots(stats() if stats is not None else _worker_stats(app), pool)
     for client, limits in sorted(clients.items()) + (
         [("every client without a tier", default)] if default else []
     ):
@@ -561,14 +568,18 @@ def _check_limits(app: Celery, transport: Transport, pool: WorkerPool | None = N
     yield Finding("limits", True, f"{shown}; pool {slots if slots is not None else '?'} slot(s) ({whose})")
 
 
-def _pool_to_check(app: Celery) -> tuple[WorkerPool, Finding]:
-    """The pool the answering workers run when they all run one, else the app's settings'."""
-    configured = pool_named(app.conf.worker_pool, app.conf.worker_concurrency)
+def _worker_stats(app: Celery) -> Mapping[str, Any]:
+    """What the live workers answer to ``inspect stats``, by worker; empty when none answers."""
     try:
         with app.connection_for_write() as conn:
-            stats = app.control.inspect(timeout=1.0, connection=conn).stats() or {}
+            return app.control.inspect(timeout=1.0, connection=conn).stats() or {}
     except Exception:
-        stats = {}
+        return {}
+
+
+def _pool_to_check(app: Celery, stats: Mapping[str, Any]) -> tuple[WorkerPool, Finding]:
+    """The pool the answering workers run when they all run one, else the app's settings'."""
+    configured = pool_named(app.conf.worker_pool, app.conf.worker_concurrency)
     live = {pool for pool in map(pool_of_stats, stats.values()) if pool is not None}
     if len(live) == 1:
         (pool,) = live
@@ -589,13 +600,8 @@ def _pool_to_check(app: Celery) -> tuple[WorkerPool, Finding]:
     )
 
 
-def _pool_slots(app: Celery, pool: WorkerPool | None) -> tuple[int | None, str]:
+def _pool_slots(stats: Mapping[str, Any], pool: WorkerPool | None) -> tuple[int | None, str]:
     """The slots of every worker that answers, else of the pool named (one worker)."""
-    try:
-        with app.connection_for_write() as conn:
-            stats = app.control.inspect(timeout=1.0, connection=conn).stats() or {}
-    except Exception:
-        stats = {}
     answered = [s.get("pool", {}).get("max-concurrency") for s in stats.values()]
     counted = [n for n in answered if isinstance(n, int)]
     if counted:
