@@ -36,7 +36,7 @@ from celery.signals import worker_shutdown
 from .. import headers as H
 from ..limits import Limits
 from ..store.client_ids import normalize_client_id
-from ..store.gate import RECHECK, Verdict
+from ..store.gate import RECHECK, Verdict, describe_held
 from ..store.limit_store import Snapshot
 from . import celery_internals
 from .flower import annotate_held
@@ -342,20 +342,16 @@ def say_held(router: PriorityRouter) -> None:
     """At a worker's shutdown: documents still held wait for a router worker to release
     them, so say so, in case this worker is the last one (a switch-off, a rollback)."""
     try:
-        held = {client: router.gate_state(client).held for client in router.gate_store.holding()}
+        held = router.gate_store.held_now()
     except Exception:
         logger.debug("priority-router: could not count held documents at shutdown", exc_info=True)
         return
-    held = {client: n for client, n in held.items() if n}
     if held:
-        shown = ", ".join(f"{client!r} ({n})" for client, n in sorted(held.items())[:10])
         logger.warning(
-            "priority-router: %d document(s) are held by caps in the counter store, of %s; only workers "
-            "with the router release them. If this was the last such worker, start one again, or lift the "
-            "limits (priority-router tier unset CLIENT) and keep one running until `priority-router status` "
-            "shows none held (docs/caps.md)",
-            sum(held.values()),
-            shown,
+            "priority-router: %s; only workers with the router release them. If this was the last such "
+            "worker, start one again, or lift the limits (priority-router tier unset CLIENT) and keep one "
+            "running until `priority-router status` shows none held (docs/caps.md)",
+            describe_held(held),
         )
 
 

@@ -30,7 +30,7 @@ from ..errors import ConfigurationError, CounterUnavailable, PriorityRouterError
 from ..redact import redact_url
 from ..router import PriorityRouter, installed_router
 from ..store.counter import CounterState
-from ..store.gate import held_by
+from ..store.gate import describe_held, held_by
 from ..tiers import Tier
 from .cli_context import (
     TIERS_OFF_NOTE,
@@ -456,19 +456,15 @@ def _held_documents_note(ctx: click.Context, app_name: str | None, broker_url: s
     if app is not None and installed_router(load_app(app)) is None:
         return None  # a plain app names no store; the publishers' app does
     try:
-        router = router_for(ctx, app_name if broker_url is None else None)
-        held = {client: router.gate_state(client).held for client in router.gate_store.holding()}
+        held = router_for(ctx, app_name if broker_url is None else None).gate_store.held_now()
     except Exception as exc:
         return f"could not look for documents held by caps in the counter store ({exc})"
-    held = {client: n for client, n in held.items() if n}
     if not held:
         return None
-    shown = ", ".join(f"{client!r} ({n})" for client, n in sorted(held.items())[:10])
     return (
-        f"{sum(held.values())} document(s) are held by caps in the counter store, of {shown}: only router "
-        "workers release them, so stopping the last one strands them. Lift the limits first (priority-router "
-        "tier unset CLIENT, and --default) and keep a router worker running until `priority-router status` "
-        "shows none held"
+        f"{describe_held(held)}: only router workers release them, so stopping the last one strands them. "
+        "Lift the limits first (priority-router tier unset CLIENT, and --default) and keep a router worker "
+        "running until `priority-router status` shows none held"
     )
 
 

@@ -520,8 +520,7 @@ def _check_limits(
     clients = {c: v for c, v in router.limit_store.all().items() if isinstance(v, Limits) and v}
     default = router.limit_store.get_default()
     now = time.time() * 1000
-    held = {client: router.gate_store.read(client) for client in router.gate_store.holding()}
-    held = {client: state for client, state in held.items() if state.held}
+    held = router.gate_store.held_now()
     if not clients and not default:
         oldest = min((s.oldest_held_ms for s in held.values() if s.oldest_held_ms is not None), default=None)
         if oldest is not None and now - oldest > STRANDED_AFTER * 1000:

@@ -205,7 +205,11 @@ def unset(ctx: click.Context, client: str | None, default: bool, app_name: str |
             message = f"{_shown_id(client)}: tier removed; {applies}"
         else:
             message = f"{_shown_id(client)} had no tier of its own; nothing removed"
-        held = sum(router.gate_state(c).held for c in ([client] if client else router.gate_store.holding()))
+        held = (
+            router.gate_state(client).held
+            if client
+            else sum(state.held for state in router.gate_store.held_now().values())
+        )
     except CounterUnavailable as exc:
         fail(str(exc))
     except ValueError as exc:  # not a client id

@@ -77,6 +77,14 @@ def held_by(state: GateState, limits: Limits) -> str | None:
     return "rate" if limits.rate is not None else "cap"
 
 
+def describe_held(held: Mapping[str, GateState]) -> str:
+    """``held`` (:meth:`GateStore.held_now`) in words, the first ten clients named."""
+    shown = ", ".join(f"{client!r} ({state.held})" for client, state in sorted(held.items())[:10])
+    return (
+        f"{sum(s.held for s in held.values())} document(s) are held by caps in the counter store, of {shown}"
+    )
+
+
 class GateStore:
     """The gate's calls on one Redis (or Redis Cluster) connection."""
 
@@ -143,6 +151,12 @@ class GateStore:
     def holding(self, count: int = 200) -> list[str]:
         """Clients the index says hold documents (some may have just been released)."""
         return [_text(member) for member in self._redis.zrange(self._index, 0, count - 1)]
+
+    def held_now(self, count: int = 200) -> dict[str, GateState]:
+        """The clients holding documents now, with their state (the index may still name a
+        client whose documents were just released: it is left out)."""
+        states = {client: self.read(client) for client in self.holding(count)}
+        return {client: state for client, state in states.items() if state.held}
 
     def swept(self, client_id: str, seen: float, verdict: Verdict, now_ms: int | None = None) -> None:
         """After a sweep of ``client_id``: its next look, or off the index when nothing is held
