@@ -26,6 +26,8 @@ EXPORTED = {
     "from_wire",
     "to_wire",
 }
+#: What set_tier and set_default_tier take: a tier's priority part and its limits.
+TIER_KEYWORDS = ["weight", "shift", "fixed", "max_in_flight", "borrow", "rate", "burst", "max_cost_in_flight"]
 #: The methods the README and docs show, with the keywords they take.
 DOCUMENTED = {
     "install": [],
@@ -37,29 +39,11 @@ DOCUMENTED = {
     "peek": [],
     "reset": [],
     "state": [],
-    "set_tier": [
-        "weight",
-        "shift",
-        "fixed",
-        "max_in_flight",
-        "borrow",
-        "rate",
-        "burst",
-        "max_cost_in_flight",
-    ],
+    "set_tier": TIER_KEYWORDS,
     "unset_tier": [],
     "tier": [],
     "tiers": [],
-    "set_default_tier": [
-        "weight",
-        "shift",
-        "fixed",
-        "max_in_flight",
-        "borrow",
-        "rate",
-        "burst",
-        "max_cost_in_flight",
-    ],
+    "set_default_tier": TIER_KEYWORDS,
     "unset_default_tier": [],
     "default_tier": [],
     "limits": [],
