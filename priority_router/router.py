@@ -29,7 +29,7 @@ from .store.client_ids import normalize_client_id
 from .store.connection import make_client
 from .store.costs import ONE, CostsInUse, InvalidCost, as_count, cost_units
 from .store.counter import Counter, CounterState
-from .store.gate import GateState, GateStore, Verdict
+from .store.gate import GateState, GateStore
 from .store.inflight import InflightCounter
 from .store.limit_store import LimitStore
 from .store.owed import MAX_OWED, OwedEnds
@@ -127,7 +127,7 @@ class PriorityRouter:
             + (", and keeping documents' ends to send once it answers" if self.inflight else ""),
         )
         #: ``mode="inflight"``: ends that could not be sent while the store failed.
-        self._owed = OwedEnds()
+        self._owed: OwedEnds[tuple[str, str, int]] = OwedEnds()
 
     def follow_apps(self) -> PriorityRouter:
         """Load the configuration of each app this router is installed on that has not
@@ -457,33 +457,6 @@ class PriorityRouter:
             if tier is None and not limits:
                 return None
             return (tier or Tier()).with_limits(limits)
-
-    # -- the gate (workers) -----------------------------------------------------------
-
-    def admit_quietly(
-        self, client_id: str, task_id: str, limits: Limits, units: int, message: bytes
-    ) -> Verdict | None:
-        """A worker's gate: run a received document, or hold it; None when the store fails
-        (the document then runs: the gate never holds what it cannot store)."""
-        if not self._breaker.allow():
-            return None
-        return self._quietly(lambda: self.gate_store.admit(client_id, task_id, limits, units, message))
-
-    def release_quietly(
-        self, client_id: str, task_id: str, limits: Limits, borrow: int = 0
-    ) -> Verdict | None:
-        """The end of a gated document: its slot freed, held documents released (never raises)."""
-        if not self._breaker.allow():
-            return None
-        return self._quietly(lambda: self.gate_store.end(client_id, task_id, limits, borrow))
-
-    def forget_quietly(self, client_id: str, task_id: str) -> None:
-        """A released document is in the broker again: its stored message goes (never raises)."""
-        self._quietly(lambda: self.gate_store.forget(client_id, task_id))
-
-    def index_quietly(self, client_id: str, verdict: Verdict) -> None:
-        """Note that the client holds documents, for the workers' sweeps (never raises)."""
-        self._quietly(lambda: self.gate_store.note_held(client_id, verdict))
 
     def units_quietly(self, cost: object, client_id: object) -> int:
         """A document's cost in units from its header's value: 1 when it gives none

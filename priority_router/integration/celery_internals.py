@@ -84,3 +84,14 @@ def acknowledge_now(request: Any) -> None:
         request.message.ack()
     finally:
         request.acknowledged = True
+
+
+def pool_size(consumer: Any) -> int | None:
+    """How many processes or threads the worker's pool has now (an autoscaled prefork
+    pool grows and shrinks: billiard's ``Pool._processes``); None when unknown."""
+    pool = getattr(consumer, "pool", None)
+    for name in ("num_processes", "limit"):
+        value = getattr(pool, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None

@@ -1,56 +1,224 @@
 """The gate on the worker: a document over its client's limits is not started; it waits in
-the counter store, holding no worker slot and no prefetch slot, until the gate releases it
-(docs/caps.md has the design and why each step survives a kill).
+the broker, in its client's holding queue (``holding.py``), holding no worker slot and no
+prefetch slot, until the gate releases it (docs/caps.md has the design and why each step
+survives a kill).  The counter store only counts (``store/gate.py``): it may be lost at
+any moment, and no document goes with it.
 
 - **Admission**, in the worker's consumer, at the moment Celery would hand a received
   document to the pool (after its ETA, if it has one): a client without limits passes
   with nothing read; a limited client's document is admitted by ``store/gate.py``'s
-  script, or held there (its message stored, then acknowledged to the broker).
+  script, or counted held there, published to its holding queue, then acknowledged.
 - **Release**: the end of an admitted document (``endings.py``, wherever it ran) frees its
   slot and releases the held documents its limits now allow; each worker's gate thread
   also looks, every :data:`TICK` seconds, at clients whose rate has a token due, clients
   held by a cap (every few seconds, so a changed or lifted limit takes effect), and, for
-  borrowing clients, at its own idle slots.  A released document is published again as
-  it came, keeps its place among the client's running documents until it arrives, and
-  runs on whichever worker takes it.
+  borrowing clients, at its own idle slots.  A released document is published again where
+  it first went, keeps its place among the client's running documents until it arrives,
+  and runs on whichever worker takes it.
 - **Leases**: each worker renews the leases of the gated documents it holds every
   lease/3 seconds; the slots of a worker that died come back when their leases run out.
-
-Where the store cannot answer, the gate lets documents run (it never holds a document
-it cannot store) and says so once per outage, through the router's breaker.
+- **Outages of the store**: documents run ungated (the gate says so once, through its
+  breaker); an end that could not reach the store is kept and sent again every
+  :data:`RETRY` seconds until it does, so a capped client is not stalled by slots its
+  finished documents still hold; the thread finds every holding queue again from the
+  broker's index (:meth:`Holding.indexed`) when the store lost the clients it knew.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
 import weakref
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from celery import Celery, bootsteps
 from celery.signals import worker_shutdown
 
 from .. import headers as H
 from ..limits import Limits
+from ..redact import redact_url
+from ..store.breaker import CircuitBreaker
 from ..store.client_ids import normalize_client_id
-from ..store.gate import RECHECK, Verdict, describe_held
+from ..store.gate import RECHECK, RELEASE_BATCH, REMEMBER_SENT_MS, STORE_ERRORS, Verdict, describe_held
 from ..store.limit_store import Snapshot
+from ..store.owed import OwedEnds
 from . import celery_internals
 from .flower import annotate_held
+from .holding import Held, Holding, HoldingUnavailable
 from .installation import installed_router
 from .periodic import Periodic
-from .redeliver import Unstorable, pack, publish
 
 if TYPE_CHECKING:
     from ..router import PriorityRouter
 
 logger = logging.getLogger("priority_router")
+T = TypeVar("T")
 
 #: Seconds between a worker's looks at due and idle work.
 TICK = 0.25
+
+
+#: Seconds between retries of the ends that could not reach the counter store.
+RETRY = 0.5
+#: Seconds between a worker's readings of the broker's index of holding queues.
+RECONCILE = 2.0
+
+
+class Gate:
+    """One process's gate for one router: its counter store, its holding queues on the
+    app's broker, a breaker of its own, and the ends it still owes the store."""
+
+    def __init__(self, app: Celery, router: PriorityRouter) -> None:
+        self.app = app
+        self.router = router
+        self.store = router.gate_store
+        self.holding = Holding(app, router.config.key_prefix)
+        self.breaker = CircuitBreaker(
+            router.config.cooldown,
+            f"the gate's counter store at {redact_url(router.config.redis_url)}",
+            meanwhile="documents of limited clients run without their limits, and the ends of gated "
+            "documents are kept to send once it answers",
+        )
+        self.owed: OwedEnds[tuple[str, str]] = OwedEnds()
+        #: How long a published release is remembered: longer than the broker takes to give
+        #: a held copy back to its holding queue after its releaser died.
+        self.remember_ms = _remember_sent_ms(app)
+
+    def call(self, use: Callable[[], T]) -> T | None:
+        """``use()`` on the store, through the breaker: None when it is open or the store
+        fails (connection and Redis errors only: anything else is a bug, and raises)."""
+        if not self.breaker.allow():
+            return None
+        try:
+            result = use()
+        except STORE_ERRORS as exc:
+            self.breaker.failure(exc)
+            return None
+        self.breaker.success()
+        return result
+
+    def end(self, client: str, task_id: str, borrow: int = 0) -> None:
+        """The end of a gated document: free its slot and release what may start; kept to
+        send again when the store cannot answer."""
+        limits = self.router.limit_store.snapshot().of(client)
+        verdict = self.call(lambda: self.store.end(client, task_id, limits, borrow))
+        if verdict is None:
+            self.owed.add((client, task_id))
+            self.owed.retry_every(RETRY, self.send_owed)
+            return
+        self.call(lambda: self.release(client, limits, verdict))
+
+    def send_owed(self) -> None:
+        """Send the ends kept while the store failed, oldest first (the owed-ends thread)."""
+        ends = self.owed.take(500)
+        for sent, (client, task_id) in enumerate(ends):
+            limits = self.router.limit_store.snapshot().of(client)
+            try:
+                verdict = self.store.end(client, task_id, limits)
+            except STORE_ERRORS:
+                self.owed.give_back(ends[sent:])
+                return
+            self.breaker.success()
+            self.call(functools.partial(self.release, client, limits, verdict))
+
+    def release(
+        self, client: str, limits: Limits, verdict: Verdict, most: int = RELEASE_BATCH
+    ) -> tuple[int, Verdict]:
+        """Release the client's held documents while its limits allow (``verdict``: the
+        store's last word on the client); how many were released, and the store's word
+        after them."""
+        try:
+            released, verdict = self.store.release(
+                client, limits, verdict, _HoldingQueue(self, client), self.remember_ms, most
+            )
+        except HoldingUnavailable as exc:
+            # The broker failed: what was taken is back in its holding queue (put back, or
+            # returned when the connection went), and a sweep releases it.
+            logger.error(
+                "priority-router: could not release documents of client %r (%s: %s); they stay in its "
+                "holding queue and are released again",
+                client,
+                type(exc).__name__,
+                exc,
+            )
+            return 0, verdict
+        if self.router.metrics is not None and released:
+            self.router.metrics.released.inc(len(released))
+        return len(released), verdict
+
+    def reconcile(self) -> None:
+        """Read the broker's index of holding queues: each client named whose queue still
+        has documents is counted held in the store and looked at by the sweeps; a client
+        whose queue is empty leaves the index, unless the store counts a hold under way."""
+        snapshot = self.router.limit_store.snapshot()
+        with self.holding.indexed() as (clients, keep):
+            still = []
+            for client in clients:
+                limits = snapshot.of(client)
+                queued = self.holding.count(client)
+                if queued:
+                    verdict = self.store.mark(client, queued, limits)
+                    self.store.note_held(client, verdict)
+                else:
+                    verdict = self.store.clear(client, limits)
+                if queued or verdict.held:
+                    still.append(client)
+            keep(still)
+
+
+def _remember_sent_ms(app: Celery) -> int:
+    options = app.conf.broker_transport_options or {}
+    timeout = options.get("visibility_timeout")
+    if isinstance(timeout, (int, float)) and timeout > 0:
+        return max(REMEMBER_SENT_MS, round((timeout + 300) * 1000))
+    return REMEMBER_SENT_MS
+
+
+class _HoldingQueue:
+    """One client's holding queue as the store's release loop takes from it."""
+
+    def __init__(self, gate: Gate, client: str) -> None:
+        self._gate = gate
+        self._client = client
+
+    def take(self) -> _Taken | None:
+        held = self._gate.holding.take(self._client)
+        if held is None:
+            return None
+        return _Taken(held, self._gate.router.units_quietly(held.cost, self._client))
+
+
+class _Taken:
+    def __init__(self, held: Held, units: int) -> None:
+        self._held = held
+        self.task_id = held.task_id
+        self.units = units
+
+    def send(self) -> None:
+        # Marked as gated: its slot is reserved, and its end must free it even if its
+        # client's limits are lifted by the time it runs.
+        self._held.send({H.GATED: True})
+
+    def drop(self) -> None:
+        self._held.drop()
+
+    def put_back(self) -> None:
+        self._held.put_back()
+
+
+_gates: weakref.WeakKeyDictionary[Celery, Gate] = weakref.WeakKeyDictionary()
+
+
+def gate_of(app: Celery, router: PriorityRouter) -> Gate:
+    """This process's gate for ``app`` (built on first use)."""
+    gate = _gates.get(app)
+    if gate is None or gate.router is not router:
+        gate = _gates[app] = Gate(app, router)
+    return gate
 
 
 def watch_gate(app: Celery) -> None:
@@ -92,7 +260,8 @@ def client_of(router: PriorityRouter, fields: Any) -> str | None:
 
 
 def admit(app: Celery, router: PriorityRouter, request: Any) -> bool:
-    """Whether ``request`` may start now; a held one is stored and acknowledged here."""
+    """Whether ``request`` may start now; a held one is moved to its client's holding queue
+    here and acknowledged."""
     headers = request.request_dict
     client = client_of(router, headers)
     if client is None:
@@ -100,34 +269,46 @@ def admit(app: Celery, router: PriorityRouter, request: Any) -> bool:
     limits = router.limit_store.snapshot().of(client)
     if not limits:
         return True
-    try:
-        message = pack(request.message)
-    except Unstorable as exc:
-        router.warn_once(
-            f"unstorable:{request.name}",
-            "priority-router: a document of task %s cannot be held (%s), so its client's limits do not "
-            "apply to it. Fix: publish it with JSON-serializable headers",
-            request.name,
-            exc,
-        )
-        return True
+    gate = gate_of(app, router)
     units = router.units_quietly(headers.get(H.COST), client)
-    verdict = router.admit_quietly(client, request.id, limits, units, message)
+    verdict = gate.call(lambda: gate.store.admit(client, request.id, limits, units))
     if verdict is None:
         return True  # the store is down: run it (the breaker has said so)
-    _republish(app, router, client, verdict.released)
     if verdict.outcome == "run":
         headers[H.GATED] = True
         return True
-    router.index_quietly(client, verdict)
+    if verdict.outcome in ("held", "duplicate"):
+        # A duplicate was held before and delivered again (its worker died before the
+        # acknowledgement): its copy may or may not have reached the holding queue, so it
+        # goes there again; the release drops a second copy.
+        try:
+            gate.holding.hold(request.message, request.id, client, first=verdict.held == 1)
+        except HoldingUnavailable as exc:
+            # Not held anywhere: it runs, and the store forgets it was counted held.
+            logger.error(
+                "priority-router: could not move document %s of client %r to its holding queue (%s: %s); "
+                "it runs without its client's limits",
+                request.id,
+                client,
+                type(exc).__name__,
+                exc,
+            )
+            if verdict.outcome == "held":
+                gate.call(lambda: gate.store.take(client, request.id, Limits(), units))
+            headers[H.GATED] = True
+            return True
     celery_internals.forget(request)
     _ack_now(request)
+    if verdict.outcome == "duplicate":
+        return False
     reason = held_reason(verdict, limits)
     # Received again, with the reason: what Flower shows until the document is released.
     request.send_event("task-received", name=request.name, kwargs=annotate_held(request.kwargsrepr, reason))
     if router.metrics is not None:
         router.metrics.record_held(verdict.state)
     logger.debug("priority-router: held %s of client %r: %s", request.id, client, reason)
+    # Held behind earlier documents that may start now (their limits lifted meanwhile).
+    gate.call(lambda: gate.store.note_held(client, gate.release(client, limits, verdict)[1]))
     return False
 
 
@@ -149,6 +330,8 @@ def held_reason(verdict: Verdict, limits: Limits) -> str:
         return "held already (delivered again)"
     if verdict.state == "rate":
         return f"held by its client's rate {limits.rate}"
+    if verdict.state == "free":
+        return "held behind its client's earlier documents"
     if limits.max_in_flight is not None:
         return f"held by its client's cap: max_in_flight={limits.max_in_flight} running"
     return f"held by its client's cap: max_cost_in_flight={limits.max_cost_in_flight:g} running"
@@ -171,32 +354,7 @@ def end_gated(
     if limits.borrow:
         queue = (fields.get("delivery_info") or {}).get("routing_key")
         borrow = 1 if isinstance(queue, str) and _probe(app).empty([queue]) else 0
-    verdict = router.release_quietly(client, task_id, limits, borrow)
-    if verdict is not None:
-        _republish(app, router, client, verdict.released)
-
-
-def _republish(app: Celery, router: PriorityRouter, client: str, released: list[tuple[str, bytes]]) -> None:
-    for task_id, message in released:
-        try:
-            # Marked as gated: its slot is reserved, and its end must free it even if its
-            # client's limits are lifted by the time it runs.
-            publish(app, message, {H.GATED: True})
-        except Exception as exc:
-            # Its slot stays reserved with the message kept: the lease gives it back.
-            logger.error(
-                "priority-router: could not publish released document %s of client %r again (%s: %s); "
-                "it is held until its lease runs out (%g s) and released again",
-                task_id,
-                client,
-                type(exc).__name__,
-                exc,
-                router.gate_store.lease_ms / 1000,
-            )
-            continue
-        router.forget_quietly(client, task_id)
-        if router.metrics is not None:
-            router.metrics.released.inc()
+    gate_of(app, router).end(client, task_id, borrow)
 
 
 class QueueProbe:
@@ -262,7 +420,8 @@ def _probe(app: Celery) -> QueueProbe:
 
 class GateThread(Periodic):
     """A worker's daemon thread: renews its gated documents' leases, releases what is due,
-    and lends its idle slots to borrowing clients when nothing else waits."""
+    lends its idle slots to borrowing clients when nothing else waits, and reads the
+    broker's index of holding queues."""
 
     doing = "the gate's sweep"
     meanwhile = "held documents wait for their clients' running ones to end"
@@ -271,53 +430,69 @@ class GateThread(Periodic):
         super().__init__("priority-router-gate", TICK)
         self.app = app
         self.router = router
+        self.gate = gate_of(app, router)
         self._consumer = consumer
         self._concurrency = concurrency
         self._renewed = 0.0
         self._looked = 0.0
+        self._reconciled = 0.0
 
     def step(self) -> bool:
         worked = False
         limits = self.router.limit_store.snapshot()
         now = time.monotonic()
-        if now - self._renewed >= self.router.gate_store.lease_ms / 3000:
+        store = self.gate.store
+        if now - self._renewed >= store.lease_ms / 3000:
             self._renewed = now
             running = gated_requests(self.router)
             if running:
-                self.router.gate_store.renew(running)
+                store.renew(running)
                 worked = True
+        if now - self._reconciled >= RECONCILE:
+            self._reconciled = now
+            self.gate.reconcile()
+            worked = True
         # Without any limit, only documents held before the limits went are left to release;
-        # where no limit was ever stored, none can have been held.
-        if self.router.limit_store.ever_set and (limits or now - self._looked >= RECHECK):
+        # where no limit was ever stored, none can have been held (but the broker's index).
+        if limits or now - self._looked >= RECHECK:
             self._looked = now
             self._release_due(limits)
             worked = True
         if limits.borrowing:
             self._lend(limits)
+        if self.gate.owed:
+            self.gate.send_owed()
         return worked
 
+    def on_failure(self) -> None:
+        self.gate.holding.close()
+
     def _release_due(self, limits: Snapshot) -> None:
-        store = self.router.gate_store
+        store = self.gate.store
         for client, seen in store.due():
-            verdict = store.end(client, "", limits.of(client))
-            _republish(self.app, self.router, client, verdict.released)
+            _, verdict = self.gate.release(
+                client, limits.of(client), store.end(client, "", limits.of(client))
+            )
             store.swept(client, seen, verdict)
 
     def _lend(self, limits: Snapshot) -> None:
         """This worker's idle slots to borrowing clients' held documents, while its queues are empty."""
-        idle = self._concurrency - celery_internals.held_count()
+        idle = self._pool_size() - celery_internals.held_count()
         if idle <= 0:
             return
-        store = self.router.gate_store
+        store = self.gate.store
         borrowing = [c for c in store.holding() if limits.of(c).borrow]
         if not borrowing or not _probe(self.app).empty(self._queues()):
             return
         for client in borrowing:
             verdict = store.end(client, "", limits.of(client), borrow=idle)
-            _republish(self.app, self.router, client, verdict.released)
-            idle -= len(verdict.released)
+            idle -= self.gate.release(client, limits.of(client), verdict)[0]
             if idle <= 0:
                 return
+
+    def _pool_size(self) -> int:
+        """The pool's processes now (an autoscaled pool grows and shrinks)."""
+        return celery_internals.pool_size(self._consumer) or self._concurrency
 
     def _queues(self) -> list[str]:
         task_consumer = getattr(self._consumer, "task_consumer", None)

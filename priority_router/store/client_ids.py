@@ -115,10 +115,11 @@ def tiers_in_use_key(prefix: str) -> str:
     return f"{prefix}tiers-in-use"
 
 
-#: Ends the keys of one client's gate (``store/gate.py``): its running documents, its held
-#: documents in order, their messages, and its tokens and units.  They share the client's
-#: hash tag, so the gate's script runs on one Redis Cluster slot.
-GATE_SUFFIXES = (":run", ":held", ":msg", ":gate")
+#: Ends the keys of one client's gate (``store/gate.py``): its running documents, the ids of
+#: its held documents in order (their messages wait in the broker), its tokens and units,
+#: and its released documents on their way back.  They share the client's hash tag, so the
+#: gate's script runs on one Redis Cluster slot.
+GATE_SUFFIXES = (":run", ":held", ":gate", ":sent")
 
 
 def gate_keys(prefix: str, client_id: str) -> list[str]:

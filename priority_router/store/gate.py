@@ -1,15 +1,18 @@
-"""The gate's state in the counter store: per client, the documents running and the ones
-held by the client's limits (docs/caps.md says why each step is safe to be killed at).
+"""The gate's counts in the counter store: per client, the documents running (with their
+leases) and how many are held by the client's limits (docs/caps.md says why each step is
+safe to be killed at).  The store only counts: a held document's message waits in the
+broker, in its client's holding queue (``integration/holding.py``), so a store restarted
+empty, failed over or evicted loses counts, never a document.
 
-Per client, four keys under its hash tag (``keys.GATE_SUFFIXES``), changed only by
-``lua/gate.lua``, atomically: the running documents with their leases, the held ones in
-order, the held ones' messages, and the rate's tokens and the running units of cost.  One
-key across clients, ``<prefix>held-clients``, says which clients hold documents and when a
-worker should look at each again (a rate's next token, else a few seconds on); it is
-written after the client's script, so it may name a client with nothing held (a sweep then
-removes it, only if nobody wrote it in between: ``lua/gate_index.lua``), never miss one
-that holds documents for longer than a crash between the two writes, which a redelivery
-repairs (the message was not acknowledged yet).
+Per client, three keys under its hash tag (``client_ids.GATE_SUFFIXES``), changed only by
+``lua/gate.lua``, atomically: the running documents with their leases, the ids of the held
+ones in order, and the rate's tokens and the running units of cost.  One key across
+clients, ``<prefix>held-clients``, says which clients hold documents and when a worker
+should look at each again (a rate's next token, else a few seconds on); it is written after
+the client's script, so it may name a client with nothing held (a sweep then removes it,
+only if nobody wrote it in between: ``lua/gate_index.lua``).  What it misses (a crash
+between the two writes, a store that lost it) the workers find again from the broker's own
+index of holding queues.
 """
 
 from __future__ import annotations
@@ -17,11 +20,12 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import redis
+from redis.exceptions import RedisClusterException, RedisError
 
 from ..limits import Limits
 from .client_ids import gate_keys, held_index_key
@@ -33,26 +37,41 @@ _LUA = Path(__file__).parent / "lua"
 DEFAULT_LEASE = 30.0
 #: Seconds before a worker looks again at a client held by its cap (ends release sooner).
 RECHECK = 2.0
-#: Most documents one call releases.
+#: Most documents one end or sweep releases.
 RELEASE_BATCH = 100
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """What the gate said of one document, and what it released."""
+    """What the gate said of one document, and what the client's held ones wait for."""
 
-    #: "run", "held", "duplicate" (a held document delivered again) or "ended".
+    #: admit: "run", "held" or "duplicate" (a held document delivered again); take: "run",
+    #: "borrowed" (run beyond the caps) or "blocked"; else "ended".
     outcome: str
-    #: What holds the client's oldest held document now: "cap" or "rate"; with nothing
-    #: held, "lease" while documents run, else "none".
+    #: What the client's next held document waits for: "cap" or "rate"; "free" when one may
+    #: start now; with nothing held, "lease" while documents run, else "none".
     state: str
     #: When the rate's next token is due, or the first lease runs out (Unix ms); else 0.
     due_ms: int
-    #: Documents released: (task id, stored message), to publish again and then forget.
-    released: list[tuple[str, bytes]] = field(default_factory=list)
+    #: How many documents the store counts held for the client.
+    held: int = 0
+    #: After an end: how many more may start beyond the caps (borrowing).
+    borrow: int = 0
 
 
-_OUTCOMES = {1: "run", 0: "held", 2: "duplicate", -1: "ended"}
+_OUTCOMES = {1: "run", 0: "held", 2: "duplicate", -1: "ended", 3: "blocked", 4: "borrowed"}
+
+#: Milliseconds a published release is remembered by default: longer than a kombu Redis
+#: broker's default ``visibility_timeout`` (3600 s), after which a held copy taken by a
+#: killed releaser comes back to its holding queue (RabbitMQ: at once).
+REMEMBER_SENT_MS = 3_900_000
+
+#: What a store that cannot answer raises (anything else from a call is a bug, and raises).
+STORE_ERRORS = (RedisError, RedisClusterException, OSError)
+
+#: Milliseconds after which a held count whose message is not in the holding queue is
+#: stale: a hold publishes its message within a few milliseconds of being counted.
+STALE_HELD_MS = 10_000
 
 
 @dataclass(frozen=True)
@@ -80,9 +99,31 @@ def held_by(state: GateState, limits: Limits) -> str | None:
 def describe_held(held: Mapping[str, GateState]) -> str:
     """``held`` (:meth:`GateStore.held_now`) in words, the first ten clients named."""
     shown = ", ".join(f"{client!r} ({state.held})" for client, state in sorted(held.items())[:10])
-    return (
-        f"{sum(s.held for s in held.values())} document(s) are held by caps in the counter store, of {shown}"
-    )
+    return f"{sum(s.held for s in held.values())} document(s) are held by caps, of {shown}"
+
+
+class HeldDocument(Protocol):
+    """A held document taken from where it waits (the broker's holding queue), not yet gone
+    from there."""
+
+    task_id: str
+    units: int
+
+    def send(self) -> None:
+        """Send it to run."""
+
+    def drop(self) -> None:
+        """Let go of the held copy (it was sent)."""
+
+    def put_back(self) -> None:
+        """Leave it held, first in line."""
+
+
+class HeldDocuments(Protocol):
+    """Where one client's held documents wait, oldest first."""
+
+    def take(self) -> HeldDocument | None:
+        """The oldest, or None when none waits."""
 
 
 class GateStore:
@@ -102,11 +143,11 @@ class GateStore:
         task_id: str,
         limits: Limits,
         units: int,
-        message: bytes,
         now_ms: int | None = None,
     ) -> Verdict:
-        """A received document of ``client_id``: run it, or hold it (storing ``message``)."""
-        return self._call(client_id, "admit", task_id, limits, 0, now_ms, [units, message])
+        """A received document of ``client_id``: run it, or count it held (its message then
+        goes to the client's holding queue)."""
+        return self._call(client_id, "admit", task_id, limits, 0, now_ms, units)
 
     def end(
         self,
@@ -116,14 +157,85 @@ class GateStore:
         borrow: int = 0,
         now_ms: int | None = None,
     ) -> Verdict:
-        """The end of a gated document (``task_id`` "" for a sweep): its slot is free, and
-        held documents the limits now allow are released; ``borrow`` of them may pass the
-        caps (the caller saw idle slots and nothing else waiting)."""
-        return self._call(client_id, "end", task_id, limits, borrow, now_ms, [])
+        """The end of a gated document (``task_id`` "" for a sweep): its slot is free; the
+        verdict's state says whether a held document may start ("free"), and its ``borrow``
+        how many of ``borrow`` may pass the caps (the caller saw idle slots and nothing else
+        waiting)."""
+        return self._call(client_id, "end", task_id, limits, borrow, now_ms, 0)
 
-    def forget(self, client_id: str, task_id: str) -> None:
-        """A released document is in the broker again: drop its stored message."""
-        self._redis.hdel(gate_keys(self._prefix, client_id)[2], task_id)
+    def sent(self, client_id: str, task_id: str, remember_ms: int, now_ms: int | None = None) -> None:
+        """A released document is published again: a copy of it that comes back to the holding
+        queue within ``remember_ms`` (its releaser killed before letting go of it) is dropped."""
+        self._call(client_id, "sent", task_id, Limits(), 0, now_ms, remember_ms)
+
+    def take(
+        self,
+        client_id: str,
+        task_id: str,
+        limits: Limits,
+        units: int,
+        borrow: bool = False,
+        now_ms: int | None = None,
+    ) -> Verdict:
+        """A held document taken from the holding queue: "run" (its slot reserved until it
+        arrives back), "borrowed" (beyond the caps, ``borrow`` allowing), "blocked", or
+        "duplicate" (a copy of one already sent: drop it)."""
+        return self._call(client_id, "take", task_id, limits, int(borrow), now_ms, units)
+
+    def release(
+        self,
+        client_id: str,
+        limits: Limits,
+        verdict: Verdict,
+        held: HeldDocuments,
+        remember_ms: int,
+        most: int = RELEASE_BATCH,
+        now_ms: int | None = None,
+    ) -> tuple[list[str], Verdict]:
+        """Release ``client_id``'s held documents, oldest first, while its limits allow
+        (``verdict``: the store's last word on the client, whose ``borrow`` may pass the
+        caps); the task ids released, and the store's word after them.  A document whose
+        release raises gets its slot back, and the error is raised."""
+        borrow = verdict.borrow
+        released: list[str] = []
+        while len(released) < most and (verdict.state == "free" or (verdict.state == "cap" and borrow > 0)):
+            document = held.take()
+            if document is None:
+                verdict = self.clear(client_id, limits, now_ms)
+                break
+            try:
+                verdict = self.take(client_id, document.task_id, limits, document.units, borrow > 0, now_ms)
+            except BaseException:
+                document.put_back()
+                raise
+            if verdict.outcome == "blocked":
+                document.put_back()
+                break
+            if verdict.outcome == "duplicate":
+                document.drop()
+                continue
+            try:
+                document.send()
+            except BaseException:
+                self.end(client_id, document.task_id, limits, now_ms=now_ms)
+                raise
+            # Said before the held copy goes: a kill in between leaves a copy the next take drops.
+            self.sent(client_id, document.task_id, remember_ms, now_ms)
+            document.drop()
+            if verdict.outcome == "borrowed":
+                borrow -= 1
+            released.append(document.task_id)
+        return released, verdict
+
+    def mark(self, client_id: str, queued: int, limits: Limits, now_ms: int | None = None) -> Verdict:
+        """The client's holding queue has ``queued`` documents: count at least as many held
+        (after the store lost its keys)."""
+        return self._call(client_id, "mark", "", limits, 0, now_ms, queued)
+
+    def clear(self, client_id: str, limits: Limits, now_ms: int | None = None) -> Verdict:
+        """The client's holding queue was found empty: drop held counts older than
+        :data:`STALE_HELD_MS` (left by releasers that died)."""
+        return self._call(client_id, "clear", "", limits, 0, now_ms, STALE_HELD_MS)
 
     def renew(self, running: Mapping[str, Iterable[str]], now_ms: int | None = None) -> None:
         """Extend the leases of the documents this worker runs (client -> task ids)."""
@@ -167,7 +279,7 @@ class GateStore:
             self._redis.zadd(self._index, {client_id: self._next_look(verdict, now_ms)})
 
     def read(self, client_id: str, now_ms: int | None = None) -> GateState:
-        run, held, _, gate = gate_keys(self._prefix, client_id)
+        run, held, gate, _ = gate_keys(self._prefix, client_id)
         now = _now_ms(now_ms)
         with self._redis.pipeline(transaction=True) as pipe:
             pipe.zcount(run, f"({now}", "+inf")
@@ -189,6 +301,8 @@ class GateStore:
     def _next_look(self, verdict: Verdict, now_ms: int | None) -> int:
         if verdict.state in ("rate", "lease") and verdict.due_ms:
             return verdict.due_ms
+        if verdict.state == "free":
+            return _now_ms(now_ms)
         return _now_ms(now_ms) + round(RECHECK * 1000)
 
     def _call(
@@ -199,7 +313,7 @@ class GateStore:
         limits: Limits,
         borrow: int,
         now_ms: int | None,
-        tail: list[object],
+        number: int,
     ) -> Verdict:
         cap = limits.max_in_flight
         cost = limits.max_cost_in_flight
@@ -214,14 +328,10 @@ class GateStore:
             0 if rate is None else repr(rate / 1000),
             limits.bucket or 0,
             borrow,
-            RELEASE_BATCH,
-            *tail,
+            number,
         ]
         reply = self._script("gate")(keys=gate_keys(self._prefix, client_id), args=args)
-        verdict, state, due = reply[0], _text(reply[1]), int(reply[2])
-        pairs = reply[3:]
-        released = [(_text(pairs[i]), _bytes(pairs[i + 1])) for i in range(0, len(pairs), 2)]
-        return Verdict(_OUTCOMES[int(verdict)], state, due, released)
+        return Verdict(_OUTCOMES[int(reply[0])], _text(reply[1]), int(reply[2]), int(reply[3]), int(reply[4]))
 
 
 def _now_ms(now_ms: int | None) -> int:
@@ -230,7 +340,3 @@ def _now_ms(now_ms: int | None) -> int:
 
 def _text(value: object) -> str:
     return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else str(value)
-
-
-def _bytes(value: object) -> bytes:
-    return value if isinstance(value, bytes) else str(value).encode()

@@ -1,5 +1,5 @@
-"""Documents' ends a process could not send while the counter store failed (``mode="inflight"``),
-kept to be sent once it answers.
+"""Documents' ends a process could not send while the counter store failed (``mode="inflight"``,
+and the gate's), kept to be sent once it answers.
 
 Without them a busy client's count would stay wrong: publishes go on counting its
 documents and re-arming its idle reset, while the ends dropped during a stall of the store
@@ -14,6 +14,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import Generic, TypeVar
 
 #: The most ends one process keeps; past it the oldest are forgotten (the idle reset then
 #: clears what they would have ended).
@@ -21,13 +22,14 @@ MAX_OWED = 100_000
 
 #: One owed end: the client, the document's task id, the cost units its publish counted.
 End = tuple[str, str, int]
+E = TypeVar("E")
 
 
-class OwedEnds:
+class OwedEnds(Generic[E]):
     """A bounded queue of owed ends and the one daemon thread that sends them again."""
 
     def __init__(self, limit: int = MAX_OWED) -> None:
-        self._ends: deque[End] = deque()
+        self._ends: deque[E] = deque()
         self._limit = limit
         self._lock = threading.Lock()
         self._retrier: threading.Thread | None = None
@@ -35,7 +37,7 @@ class OwedEnds:
     def __len__(self) -> int:
         return len(self._ends)
 
-    def add(self, end: End) -> bool:
+    def add(self, end: E) -> bool:
         """Keep ``end``; False when the oldest one was forgotten to make room."""
         with self._lock:
             self._ends.append(end)
@@ -44,12 +46,12 @@ class OwedEnds:
             self._ends.popleft()
             return False
 
-    def take(self, n: int) -> list[End]:
+    def take(self, n: int) -> list[E]:
         """The ``n`` oldest owed ends, no longer kept."""
         with self._lock:
             return [self._ends.popleft() for _ in range(min(n, len(self._ends)))]
 
-    def give_back(self, ends: list[End]) -> None:
+    def give_back(self, ends: list[E]) -> None:
         """Ends taken but not sent: kept again, oldest first."""
         with self._lock:
             self._ends.extendleft(reversed(ends))

@@ -19,7 +19,6 @@ from celery import Celery
 from support.services import FAST_REDELIVERY, Worker, broker_db_url, running_worker
 
 from priority_router import PriorityRouter
-from priority_router.integration.redeliver import pack, publish
 from priority_router.simulation.metrics import most_at_once
 
 TRACK = "tests.track_running"
@@ -156,7 +155,7 @@ def test_lifting_a_cap_starts_the_held_documents_within_seconds(
 def test_a_worker_that_stops_with_documents_held_says_so(
     producer: Callable[[], Celery], runs: tuple[dict[str, str], redis.Redis]
 ) -> None:
-    """Held documents wait in the store for a router worker: one stopping says how many,
+    """Held documents wait in their holding queues for a router worker: one stopping says how many,
     whose, and what to do if it was the last; the next one releases them."""
     env, seen, router, app = _trial(runs, producer, "bulk", max_in_flight=1)
     bulk = _send(app, "bulk", 1, 1) + _send(app, "bulk", 0.05, 3)
@@ -169,7 +168,7 @@ def test_a_worker_that_stops_with_documents_held_says_so(
         out = worker.output()
     finally:
         worker.stop()
-    assert "held by caps in the counter store, of 'bulk' (" in out and "tier unset" in out
+    assert "held by caps, of 'bulk' (" in out and "tier unset" in out
     with running_worker(env, "--pool", "threads", "--concurrency", "2"):
         for r in bulk:
             r.get(timeout=30)
@@ -242,78 +241,6 @@ def test_a_killed_worker_leaves_every_held_and_running_document_run_and_its_slot
     assert sum(runs_) <= 8 + 2  # only the two that were running may run twice
     assert _most_at_once(done) <= 2
     assert _settled(router, "bulk") == (0, 0)
-
-
-def test_a_release_killed_before_it_published_runs_after_the_lease(
-    producer: Callable[[], Celery], runs: tuple[dict[str, str], redis.Redis]
-) -> None:
-    """The state a worker killed between a release and its publish leaves: a reservation
-    and the stored message, nothing in the broker."""
-    env, seen = runs
-    router = _router(env)
-    router.set_tier("bulk", max_in_flight=1)
-    limits = router.limits("bulk")
-    store = router.gate_store
-    orphan = f"orphan-{uuid.uuid4().hex}"
-    message = _held_message(producer, env, orphan)
-    assert store.admit("bulk", "blocker", limits, 1000, b"{}").outcome == "run"
-    assert store.admit("bulk", orphan, limits, 1000, message).outcome == "held"
-    store.note_held("bulk", store.end("bulk", "", limits))
-    released = store.end("bulk", "blocker", limits)  # ...and the releaser dies here
-    assert [task for task, _ in released.released] == [orphan]
-    with running_worker(env, "--pool", "threads", "--concurrency", "2"):
-        started = time.monotonic()
-        result = producer().AsyncResult(orphan).get(timeout=30)
-    assert time.monotonic() - started >= 1  # once the 3 s lease ran out, not at once
-    assert result["client_id"] == "bulk"
-    assert int(seen.hget(env["RUNS_KEY"], f"run:{orphan}") or 0) == 1
-    assert _settled(router, "bulk") == (0, 0)
-
-
-def test_a_held_document_delivered_again_runs_once(
-    producer: Callable[[], Celery], runs: tuple[dict[str, str], redis.Redis]
-) -> None:
-    """The state a worker killed after holding a document, before acknowledging it, leaves:
-    the message stored and still in the broker."""
-    env, seen = runs
-    router = _router(env)
-    router.set_tier("bulk", max_in_flight=1)
-    limits = router.limits("bulk")
-    app = producer()
-    twice = f"twice-{uuid.uuid4().hex}"
-    doc = app.send_task(TRACK, kwargs={"seconds": 0, "client_id": "bulk"}, task_id=twice)
-    assert router.gate_store.admit("bulk", "holder", limits, 1000, b"{}").outcome == "run"
-    assert (
-        router.gate_store.admit("bulk", twice, limits, 1000, _held_message(producer, env, twice)).outcome
-        == "held"
-    )
-    with running_worker(env, "--pool", "threads", "--concurrency", "2"):
-        time.sleep(1)  # the broker's copy arrives, is found held: acknowledged, not run
-        assert int(seen.hget(env["RUNS_KEY"], f"run:{twice}") or 0) == 0
-        # The holder ends, as a worker ends it: the held document is released and published.
-        for task_id, message in router.gate_store.end("bulk", "holder", limits).released:
-            publish(app, message)
-            router.gate_store.forget("bulk", task_id)
-        doc.get(timeout=30)
-    assert int(seen.hget(env["RUNS_KEY"], f"run:{twice}") or 0) == 1
-
-
-def _held_message(producer: Callable[[], Celery], env: dict[str, str], task_id: str) -> bytes:
-    """A document's message as a worker would have stored it, taken from the broker."""
-    app = producer()
-    app.send_task(TRACK, kwargs={"seconds": 0, "client_id": "bulk"}, task_id=task_id)
-    with app.connection_for_read() as conn:
-        queue = conn.SimpleQueue(app.amqp.queues[env["DOCUMENT_QUEUE"]], no_ack=False)
-        deadline = time.monotonic() + 10
-        while True:
-            message = queue.get(timeout=5)
-            if message.headers.get("id") == task_id:
-                message.ack()
-                break
-            message.requeue()
-            assert time.monotonic() < deadline
-        queue.close()
-    return pack(message)
 
 
 def test_inspect_and_status_show_running_and_held(

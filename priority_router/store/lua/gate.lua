@@ -1,16 +1,22 @@
--- One client's gate (store/gate.py, docs/caps.md): admit a received document, or hold it;
--- end a document and release held ones.  Atomic per client: every key shares its hash tag.
+-- One client's gate (store/gate.py, docs/caps.md): admit a received document or count it
+-- held; end a document; let a held one start.  Atomic per client: every key shares its hash
+-- tag.  The store only counts: a held document's message waits in the broker, in the
+-- client's holding queue (integration/holding.py), never here.
 --
 -- KEYS[1]  run   ZSET  task id -> lease deadline (ms): documents running, or released and
 --                      on their way back through the broker (a reservation)
--- KEYS[2]  held  LIST  task ids held, oldest first
--- KEYS[3]  msg   HASH  task id -> the held document's message, as the broker delivered it
--- KEYS[4]  gate  HASH  tk, ts: the rate's tokens and when they were counted (ms);
+-- KEYS[2]  held  LIST  task ids counted held, oldest first ("?": one the broker holds that
+--                      this store did not count, after it lost its keys: ARGV[1] "mark")
+-- KEYS[3]  gate  HASH  tk, ts: the rate's tokens and when they were counted (ms);
 --                      sum: the units of cost running; u:<id> a running document's units;
 --                      h:<id> a held document's units, at:<id> when it was held (ms)
+-- KEYS[4]  sent  ZSET  task id -> when (ms): released documents published again whose
+--                      arrival no worker has seen yet; a copy of one still in the holding
+--                      queue (its releaser killed before letting go of it) is dropped
 --
--- ARGV[1]  "admit" or "end"
--- ARGV[2]  task id: the document received (admit) or ended (end; "" for a sweep)
+-- ARGV[1]  "admit", "end", "take", "sent", "mark" or "clear"
+-- ARGV[2]  task id: the document received (admit), ended (end; "" for a sweep) or taken
+--          from the holding queue (take)
 -- ARGV[3]  now, ms (the caller's clock: every worker's clock drifts less than a lease)
 -- ARGV[4]  lease, ms
 -- ARGV[5]  max_in_flight, -1 for none
@@ -18,27 +24,35 @@
 -- ARGV[7]  the rate in tokens per ms, 0 for none
 -- ARGV[8]  the rate's bucket, in tokens
 -- ARGV[9]  end: how many documents may start beyond the caps now (borrowing: the caller saw
---          the queue empty and idle slots); for the end of a document, at most as many as
---          ran beyond the cap before it ended; 0 for none
--- ARGV[10] most documents to release in this call
--- ARGV[11] admit: the document's units; ARGV[12] admit: its message
+--          the queue empty and idle slots; for the end of a document, at most as many as
+--          ran beyond the cap before it ended); take: 1 when this one may borrow; else 0
+-- ARGV[10] admit, take: the document's units; mark: how many the holding queue has;
+--          clear: ms after which a held count whose message is not in the queue is stale;
+--          sent: ms to remember a published release (longer than a held copy can take
+--          to come back to its holding queue)
 --
--- Returns {verdict, state, due, id1, message1, id2, message2, ...}:
---   verdict  1 run it, 0 held (its message is stored), 2 already held (a redelivery), -1 end
---   state    what holds the client's oldest held document now: "cap" or "rate" (due: when
---            its token is due, ms); with nothing held, "lease" while documents run (due:
---            when the first lease runs out), else "none"
---   then the released documents: the caller publishes each again, then deletes its
---   message (HDEL msg id); a caller killed before that leaves it for the lease to return.
+-- Returns {verdict, state, due, held, borrow}:
+--   verdict  admit: 1 run it, 0 hold it, 2 held already (a redelivery: hold it again);
+--            take: 1 start it (its place reserved), 4 start it as borrowed, 3 leave it
+--            held, 2 a copy of one already sent (drop it);
+--            end, sent, mark, clear: -1
+--   state    what the client's next held document waits for: "cap", or "rate" (due: when
+--            its token is due, ms), or "free" when one may start now (the caller takes from
+--            the holding queue); with nothing held, "lease" while documents run (due: when
+--            the first lease runs out), else "none"
+--   held     how many documents this store counts held for the client
+--   borrow   end: how many of ARGV[9] may still start beyond the caps
 
-local run, held, msg, gate = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local run, held, gate, sent = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local mode, id = ARGV[1], ARGV[2]
 local now, lease = tonumber(ARGV[3]), tonumber(ARGV[4])
 local cap, max_units = tonumber(ARGV[5]), tonumber(ARGV[6])
 local rate, bucket = tonumber(ARGV[7]), tonumber(ARGV[8])
-local borrow, most = tonumber(ARGV[9]), tonumber(ARGV[10])
+local borrow = tonumber(ARGV[9])
+local number = tonumber(ARGV[10])
 local ONE = 1000
 local EPSILON = 1e-6
+local UNKNOWN = '?'
 
 local function units_running()
   return tonumber(redis.call('HGET', gate, 'sum') or '0')
@@ -63,16 +77,12 @@ local function drop(task)
   return true
 end
 
--- Leases that ran out: a crashed worker's documents.  One released but never published
--- again (its message is still here) goes back to the front of the held list.
+-- Leases that ran out: a crashed worker's documents, or reservations whose releaser died
+-- (their message is still in the holding queue, unacknowledged, and comes back there).
 local function expire()
   local lapsed = redis.call('ZRANGEBYSCORE', run, '-inf', now)
-  for i = #lapsed, 1, -1 do
-    local task = lapsed[i]
-    drop(task)
-    if redis.call('HEXISTS', msg, task) == 1 then
-      redis.call('LPUSH', held, task)
-    end
+  for i = 1, #lapsed do
+    drop(lapsed[i])
   end
 end
 
@@ -112,48 +122,26 @@ local function spend()
   end
 end
 
-local function release(out)
-  local released = 0
-  while released < most do
-    local head = redis.call('LINDEX', held, 0)
-    if not head then
-      return 'none', 0
-    end
-    local units = tonumber(redis.call('HGET', gate, 'h:' .. head) or ONE)
-    local borrowed = false
-    local why, due = blocker(units, false)
-    if why == 'cap' and borrow > 0 then
-      borrowed = true
-      why, due = blocker(units, true)
-    end
-    if why then
-      return why, due
-    end
-    redis.call('LPOP', held)
-    redis.call('HDEL', gate, 'h:' .. head, 'at:' .. head)
-    local message = redis.call('HGET', msg, head)
-    if message then
-      take(head, units)
-      spend()
-      if borrowed then
-        borrow = borrow - 1
-      end
-      released = released + 1
-      out[#out + 1] = head
-      out[#out + 1] = message
-    end
+local function unhold(task)
+  if redis.call('LREM', held, 1, task) == 0 then
+    -- Counted as an unknown one ("mark"), or not counted at all (the store lost it).
+    redis.call('LREM', held, 1, UNKNOWN)
   end
-  if redis.call('LLEN', held) == 0 then
-    return 'none', 0
-  end
-  local why, due = blocker(tonumber(redis.call('HGET', gate, 'h:' .. redis.call('LINDEX', held, 0)) or ONE), false)
-  return why or 'cap', due
+  redis.call('HDEL', gate, 'h:' .. task, 'at:' .. task)
 end
 
 local function settle(verdict)
-  local out = {}
-  local state, due = release(out)
-  if state == 'none' then
+  local waiting = redis.call('LLEN', held)
+  local state, due = 'none', 0
+  if waiting > 0 then
+    -- The next document's units are not known here (its message is in the broker): a
+    -- document of one unit decides; a costlier one the take then leaves held.
+    local why, when = blocker(ONE, false)
+    if why == 'cap' and borrow > 0 then
+      why, when = blocker(ONE, true)
+    end
+    state, due = why or 'free', when
+  else
     -- Nothing held, but a reservation may be orphaned (its releaser died before publishing):
     -- the sweep looks again when the first lease runs out.
     local first = redis.call('ZRANGE', run, 0, 0, 'WITHSCORES')
@@ -164,24 +152,14 @@ local function settle(verdict)
   if redis.call('ZCARD', run) > 0 then
     redis.call('PEXPIRE', run, 2 * lease)
   end
-  if redis.call('LLEN', held) == 0 and redis.call('ZCARD', run) == 0 then
+  if waiting == 0 and redis.call('ZCARD', run) == 0 then
     -- Nothing to hold the tokens for once the bucket would be full again.
     local refill = rate > 0 and math.ceil(bucket / rate) or 0
     redis.call('PEXPIRE', gate, refill + lease)
   else
     redis.call('PERSIST', gate)
   end
-  local reply = {verdict, state, due}
-  for i = 1, #out do
-    reply[#reply + 1] = out[i]
-  end
-  return reply
-end
-
-local function park(units)
-  redis.call('RPUSH', held, id)
-  redis.call('HSET', msg, id, ARGV[12])
-  redis.call('HSET', gate, 'h:' .. id, units, 'at:' .. id, now)
+  return {verdict, state, due, waiting, borrow}
 end
 
 if mode == 'end' then
@@ -198,26 +176,92 @@ if mode == 'end' then
   return settle(-1)
 end
 
+if mode == 'sent' then
+  redis.call('ZADD', sent, now, id)
+  redis.call('ZREMRANGEBYSCORE', sent, '-inf', now - number)
+  redis.call('PEXPIRE', sent, number)
+  return settle(-1)
+end
+
+if mode == 'take' then
+  expire()
+  borrow = 0
+  if redis.call('ZSCORE', sent, id) then
+    unhold(id)
+    return settle(2)
+  end
+  if redis.call('ZSCORE', run, id) then
+    -- Released before, by a releaser killed before it acknowledged the holding queue's
+    -- copy: start it again (at least once, as Celery does after a kill).
+    redis.call('ZADD', run, now + lease, id)
+    unhold(id)
+    return settle(1)
+  end
+  local why = blocker(number, false)
+  local borrowed = false
+  if why == 'cap' and tonumber(ARGV[9]) > 0 then
+    why = blocker(number, true)
+    borrowed = not why
+  end
+  if why then
+    return settle(3)
+  end
+  unhold(id)
+  take(id, number)
+  spend()
+  return settle(borrowed and 4 or 1)
+end
+
+if mode == 'mark' then
+  -- The broker's holding queue has `number` documents: count as many held at least, so that
+  -- new arrivals wait behind them and ends look for them.
+  local missing = number - redis.call('LLEN', held)
+  for _ = 1, missing do
+    redis.call('RPUSH', held, UNKNOWN)
+  end
+  if missing > 0 and redis.call('HEXISTS', gate, 'at:' .. UNKNOWN) == 0 then
+    redis.call('HSET', gate, 'at:' .. UNKNOWN, now)
+  end
+  borrow = 0
+  return settle(-1)
+end
+
+if mode == 'clear' then
+  -- The holding queue was found empty: what this store still counts held was released by
+  -- a releaser that died before it could say so, or is being held right now (its message
+  -- on its way to the queue: younger than `number` ms, it stays).
+  local ids = redis.call('LRANGE', held, 0, -1)
+  for i = 1, #ids do
+    local at = tonumber(redis.call('HGET', gate, 'at:' .. ids[i]) or '0')
+    if ids[i] == UNKNOWN or at < now - number then
+      redis.call('LREM', held, 1, ids[i])
+      redis.call('HDEL', gate, 'h:' .. ids[i], 'at:' .. ids[i])
+    end
+  end
+  if redis.call('LLEN', held) == 0 then
+    redis.call('HDEL', gate, 'at:' .. UNKNOWN)
+  end
+  borrow = 0
+  return settle(-1)
+end
+
 -- admit
+borrow = 0
 if redis.call('ZSCORE', run, id) then
   -- A released document back from the broker, or one delivered again: it has its place.
   redis.call('ZADD', run, now + lease, id)
-  redis.call('HDEL', msg, id)
+  redis.call('ZREM', sent, id)
   return settle(1)
 end
-if redis.call('HEXISTS', msg, id) == 1 then
+if redis.call('HEXISTS', gate, 'h:' .. id) == 1 then
   return settle(2)
 end
 expire()
-local units = tonumber(ARGV[11])
-if redis.call('LLEN', held) == 0 then
-  borrow = 0
-  local why = blocker(units, false)
-  if not why then
-    take(id, units)
-    spend()
-    return settle(1)
-  end
+if redis.call('LLEN', held) == 0 and not blocker(number, false) then
+  take(id, number)
+  spend()
+  return settle(1)
 end
-park(units)
+redis.call('RPUSH', held, id)
+redis.call('HSET', gate, 'h:' .. id, number, 'at:' .. id, now)
 return settle(0)
