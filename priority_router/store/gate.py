@@ -219,9 +219,12 @@ class GateStore:
             except BaseException:
                 self.end(client_id, document.task_id, limits, now_ms=now_ms)
                 raise
-            # Said before the held copy goes: a kill in between leaves a copy the next take drops.
-            self.sent(client_id, document.task_id, remember_ms, now_ms)
-            document.drop()
+            try:
+                # Said before the held copy goes: a kill in between leaves a copy the next take
+                # drops.  Sent is sent: the copy goes even when the store cannot hear it.
+                self.sent(client_id, document.task_id, remember_ms, now_ms)
+            finally:
+                document.drop()
             if verdict.outcome == "borrowed":
                 borrow -= 1
             released.append(document.task_id)
