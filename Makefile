@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test shapes kill-matrix matrix lint docs bench demo celery-suite clean
+.PHONY: check test shapes kill-matrix matrix lint docs bench demo celery-suite clean
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" || { echo "make: Python 3.10 or newer is needed (set PYTHON=...)"; exit 1; }
@@ -13,6 +13,14 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
+
+## The edit loop (under two minutes): lint, type-check, and the unit and contract tests
+## (fakeredis, and a real Redis for the contract rows; starts a throwaway one when none answers).
+check: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/python -m pytest tests/unit tests/contract -q $(PYTEST_ARGS)
 
 ## Unit and integration tests; starts a throwaway Redis when none answers.  The shapes
 ## matrix's fast rows run here; `make shapes` runs all of it.
@@ -26,9 +34,11 @@ shapes: $(STAMP)
 
 ## The kill matrices: `priority-router migrate` on RabbitMQ SIGKILLed after each step, in
 ## both directions, then rerun, with every document counted once; and the caps and rates
-## tests make test runs on Redis only, on RabbitMQ (about 5 minutes).
+## tests make test runs on Redis only, on RabbitMQ, and the gate's custody tests (a worker
+## killed, the counter store emptied or paused at each step) on RabbitMQ (about 7 minutes).
 kill-matrix: $(STAMP)
-	$(BIN)/python -m pytest tests/integration/test_migrate_rabbitmq.py tests/integration/test_gate_workers.py -m matrix $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests/integration/test_migrate_rabbitmq.py tests/integration/test_gate_workers.py \
+	  tests/integration/test_gate_custody.py -m matrix $(PYTEST_ARGS)
 
 ## The Celery compatibility matrix (noxfile.py): the unit and contract tests and the
 ## integration tests marked compat, on the oldest supported Celery, kombu and redis-py, each

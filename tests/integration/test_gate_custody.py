@@ -160,8 +160,8 @@ def test_a_worker_killed_at_any_step_of_the_gate_loses_no_document(
     ran = _runs(runs, env, docs)
     assert min(ran) >= 1, ran
     # The document running when the worker died may run again (Celery's at-least-once), and
-    # one in the step's own window at most once more.
-    assert sum(ran) <= len(docs) + 2, ran
+    # one released in the step's own window again (docs/caps.md).
+    assert sum(ran) <= len(docs) + 3, ran
     _wait(lambda: router.gate_state("bulk").held == 0, "documents stayed counted held")
 
 
