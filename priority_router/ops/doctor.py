@@ -600,8 +600,13 @@ def _pool_to_check(app: Celery, stats: Mapping[str, Any]) -> tuple[WorkerPool, F
 
 
 def _pool_slots(stats: Mapping[str, Any], pool: WorkerPool | None) -> tuple[int | None, str]:
-    """The slots of every worker that answers, else of the pool named (one worker)."""
-    answered = [s.get("pool", {}).get("max-concurrency") for s in stats.values()]
+    """The slots of every worker that answers (an autoscaled one: its most), else of the
+    pool named (one worker)."""
+    # An autoscaled worker may grow to its autoscaler's maximum.
+    answered = [
+        (s.get("autoscaler") or {}).get("max") or s.get("pool", {}).get("max-concurrency")
+        for s in stats.values()
+    ]
     counted = [n for n in answered if isinstance(n, int)]
     if counted:
         return sum(counted), f"{len(counted)} worker(s) answering"

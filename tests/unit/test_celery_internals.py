@@ -115,3 +115,22 @@ def test_priority_list_names_kombus_redis_list_for_each_step() -> None:
     channel._q_for_pri = Channel._q_for_pri.__get__(channel)
     assert internals.priority_list(channel, "documents", 0) == "documents"
     assert internals.priority_list(channel, "documents", 3) == "documents\x06\x163"
+
+
+def test_pool_size_follows_an_autoscaled_prefork_pool_as_it_grows_and_shrinks() -> None:
+    from types import SimpleNamespace
+
+    from celery.concurrency.prefork import TaskPool
+
+    pool = TaskPool(limit=1)
+    pool.start()
+    try:
+        consumer = SimpleNamespace(pool=pool)
+        assert internals.pool_size(consumer) == 1
+        pool.grow(2)  # what the autoscaler does
+        assert internals.pool_size(consumer) == 3
+        pool.shrink(1)
+        assert internals.pool_size(consumer) == 2
+    finally:
+        pool.terminate()
+    assert internals.pool_size(SimpleNamespace(pool=None)) is None
