@@ -32,12 +32,29 @@ from .store.counter import Counter, CounterState
 from .store.gate import GateState, GateStore
 from .store.inflight import InflightCounter
 from .store.limit_store import LimitStore
-from .store.owed import MAX_OWED, OwedEnds
+from .store.owed import MAX_OWED, End, OwedEnds
 from .store.schema import SchemaMismatch, StoreSchema
 from .store.tier_store import TierStore
 from .tiers import Tier, decode
 
 logger = logging.getLogger("priority_router")
+
+
+def _log_end_cost(task_id: str, client: str, counted: int, given: int, said: str = "") -> None:
+    """A document ended with another cost than it was counted with."""
+    logger.warning(
+        "priority-router: document %r of client %r was counted at cost %s, and its end gave cost %s: "
+        "it is ended at cost %s, as counted. Give the end the cost the document was published "
+        "with, or none%s",
+        task_id,
+        client,
+        as_count(counted),
+        as_count(given),
+        as_count(counted),
+        said,
+    )
+
+
 T = TypeVar("T")
 
 
@@ -127,7 +144,7 @@ class PriorityRouter:
             + (", and keeping documents' ends to send once it answers" if self.inflight else ""),
         )
         #: ``mode="inflight"``: ends that could not be sent while the store failed.
-        self._owed: OwedEnds[tuple[str, str, int]] = OwedEnds()
+        self._owed: OwedEnds[End] = OwedEnds()
 
     def follow_apps(self) -> PriorityRouter:
         """Load the configuration of each app this router is installed on that has not
@@ -172,28 +189,37 @@ class PriorityRouter:
             pending, stored = self._count(client, task_id, tiered, units)
         return self._decision(client, pending, stored, tiered, units)
 
-    def end(self, client_id: object, task_id: str, *, cost: float = 1) -> bool:
-        """``mode="inflight"``: document ``task_id`` of ``client_id``, published at ``cost``,
-        is finished: its cost is given back; True when this call ended it (a document is
-        ended at most once).  Installed workers call it for every counted document, with
-        the cost its headers carry; call it yourself only for documents that run elsewhere.
+    def end(self, client_id: object, task_id: str, *, cost: float | None = None) -> bool:
+        """``mode="inflight"``: document ``task_id`` of ``client_id`` is finished: the cost it
+        was counted with is given back; True when this call ended it (a document is ended at
+        most once).  ``cost`` is a check, not a key: a document counted at another cost is
+        ended all the same, at the cost it was counted with, and a WARNING names both.
+        Installed workers call it for every counted document; call it yourself only for
+        documents that run elsewhere.
         """
         if self.inflight is None:
             raise ConfigurationError("mode", "end() counts finished documents", 'use mode="inflight"')
         client = self._client(client_id)
-        units = cost_units(cost)
+        units = None if cost is None else cost_units(cost)
+        task = _task_id(task_id)
         with self._store("end", client):
-            return self.inflight.end(client, _task_id(task_id), units, self.costs_in_use())
+            counted = self.inflight.end(client, task, units, self.costs_in_use())
+        if units is not None and counted is not None and counted != units:
+            _log_end_cost(task, client, counted, units)
+        return counted is not None
 
     def end_quietly(self, client_id: str, task_id: str, cost: object = None) -> bool:
         """Like :meth:`end` for a worker's signal handlers: never raises.  When the store
         fails, the end is kept and sent again every ``cooldown`` until the store answers
         (the store is left alone meanwhile); a cost that cannot be one (``None``: none
-        given) is taken as 1, as its publish took it."""
+        given) is not checked, as the end finds the document by its task id."""
         inflight = self.inflight
         if inflight is None:
             return False
-        units = self.units_quietly(cost, client_id)
+        units: int | None = None
+        if cost is not None:
+            with contextlib.suppress(InvalidCost):  # its publish said so, and counted it as 1
+                units = cost_units(cost)
         end = (client_id, task_id, units)
         ended = self._send_end(end) if self._breaker.allow() else None
         if ended is None:
@@ -215,14 +241,22 @@ class PriorityRouter:
                 return sent
         return len(ends)
 
-    def _send_end(self, end: tuple[str, str, int]) -> bool | None:
+    def _send_end(self, end: tuple[str, str, int | None]) -> bool | None:
         """One end on the store: whether it ended the document, None when the store failed."""
         inflight = self.inflight
         assert inflight is not None
         client_id, task_id, units = end
-        return self._quietly(lambda: inflight.end(client_id, task_id, units, self.costs_in_use()))
+        sent = self._quietly(lambda: [inflight.end(client_id, task_id, units, self.costs_in_use())])
+        if sent is None:
+            return None
+        (counted,) = sent
+        disagrees = units is not None and counted is not None and counted != units
+        if disagrees and self._first_time("end-cost", client_id):
+            assert units is not None and counted is not None  # for mypy: disagrees says so
+            _log_end_cost(task_id, client_id, counted, units, " (said once per client)")
+        return counted is not None
 
-    def _owe(self, end: tuple[str, str, int]) -> None:
+    def _owe(self, end: tuple[str, str, int | None]) -> None:
         if not self._owed.add(end):
             self.warn_once(
                 "owed-ends",

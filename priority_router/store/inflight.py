@@ -10,11 +10,13 @@ checked at 0, as in the seed mode), and ``pending = 0`` when the list is gone.
   publish costs.  A set would need a third command: ``SADD`` answers only whether it
   added, so the count is one more ``SCARD``.
 - The end of a document is ``MULTI; LREM key -1 m; PEXPIRE key ms; EXEC`` on the
-  worker.  ``LREM`` removes one entry, so each counted publish is ended at most once:
-  duplicate end events, redeliveries and ends of documents that were never added change
-  nothing, and the count never rises above "nothing in flight".  A task id published
-  twice is two messages, counted and ended once each.  Redis deletes a list whose last
-  entry goes.
+  worker (``end_costed.lua`` once costs are in use, or when ``m`` is not there: the task
+  id's digest is the key, so a document counted at another cost than its end expects is
+  ended all the same, at the cost it was counted with).  ``LREM`` removes one entry, so
+  each counted publish is ended at most once: duplicate end events, redeliveries and ends
+  of documents that were never added change nothing, and the count never rises above
+  "nothing in flight".  A task id published twice is two messages, counted and ended once
+  each.  Redis deletes a list whose last entry goes.
 - ``-1`` searches from the oldest entry and walks past every older document of the
   client still in flight.  On one queue a client's documents finish in about the order
   they were published (at one priority a queue is first in, first out), so the entry is
@@ -117,24 +119,35 @@ class InflightCounter(ClientKeys):
             return pending_before(length - 1, 0), stored
         return pending_before(length - 2, extras), stored
 
-    def end(self, client_id: str, task_id: str, units: int = ONE, costs: bool = False) -> bool:
-        """The end of document ``task_id`` (published at ``units``); True when this call
-        ended it (at most once).  With ``costs``, its extras go back with it, once."""
+    def end(self, client_id: str, task_id: str, units: int | None = None, costs: bool = False) -> int | None:
+        """The end of document ``task_id``: the units it was counted with when this call
+        ended it (at most once), None when it was not in flight.  ``units`` is the cost the
+        end expects, a check and a hint, not a key: a document counted at another cost is
+        ended all the same, at the cost it was counted with.  With ``costs``, its extras go
+        back with it, once."""
         key = inflight_key(self._prefix, client_id)
-        extra = units - ONE
-        m = member(task_id, extra)
-        if costs or extra:
-            return bool(self._end_costed(keys=[key], args=[m, extra, self._interval_ms, SENTINEL]))
-        if self._packs:
-            # Packed like the publish: on a worker this runs once per document.
-            raw = key.encode()
-            packed = MULTI + command(b"LREM", raw, b"-1", m) + command(b"PEXPIRE", raw, self._expiry) + EXEC
-            return bool(transact(self._redis.connection_pool, packed, 2)[0])
-        with self._redis.pipeline(transaction=True) as pipe:
-            pipe.lrem(key, -1, m)  # type: ignore[arg-type]  # redis-py sends bytes as they are
-            pipe.pexpire(key, self._interval_ms)
-            removed, _ = pipe.execute()
-        return bool(removed)
+        expected = ONE if units is None else units
+        m = member(task_id, expected - ONE)
+        if not (costs or expected != ONE):
+            if self._packs:
+                # Packed like the publish: on a worker this runs once per document.
+                raw = key.encode()
+                packed = (
+                    MULTI + command(b"LREM", raw, b"-1", m) + command(b"PEXPIRE", raw, self._expiry) + EXEC
+                )
+                removed = transact(self._redis.connection_pool, packed, 2)[0]
+            else:
+                with self._redis.pipeline(transaction=True) as pipe:
+                    pipe.lrem(key, -1, m)  # type: ignore[arg-type]  # redis-py sends bytes as they are
+                    pipe.pexpire(key, self._interval_ms)
+                    removed, _ = pipe.execute()
+            if removed:
+                return ONE
+            # Not there at cost 1: perhaps counted with a cost this process has not seen used
+            # yet (the marker is read every few seconds), or never counted at all.
+        args = [m, expected - ONE, self._interval_ms, SENTINEL]
+        removed, extra = self._end_costed(keys=[key], args=args)
+        return ONE + int(extra) if removed else None
 
     # -- the publish's round trip -------------------------------------------------------
 

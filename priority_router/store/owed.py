@@ -20,8 +20,8 @@ from typing import Generic, TypeVar
 #: clears what they would have ended).
 MAX_OWED = 100_000
 
-#: One owed end: the client, the document's task id, the cost units its publish counted.
-End = tuple[str, str, int]
+#: One owed end: the client, the document's task id, the cost units its headers gave (None: none).
+End = tuple[str, str, int | None]
 E = TypeVar("E")
 
 
