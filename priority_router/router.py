@@ -133,8 +133,14 @@ class PriorityRouter:
         self._said: dict[str, set[object]] = {}
         #: Whether any costed document has been counted under the prefix (``store/costs.py``).
         self.costs_in_use = CostsInUse(redis_client, config.key_prefix)
-        #: The store the mode counts in: what ``peek``, ``state``, ``reset`` and the CLI read.
+        #: The store the mode counts in: what ``peek``, ``state`` and the CLI read.
         self.store: Counter | InflightCounter = self.inflight or self.counter
+        #: Both modes' stores, the seed's first: what ``reset`` clears, since a router switched
+        #: from one mode to the other leaves the other's keys until their idle reset.
+        self.both_modes: tuple[Counter, InflightCounter] = (
+            self.counter,
+            self.inflight or InflightCounter(redis_client, config.key_prefix, config.reset_interval),
+        )
         self.policy = config.thresholds
         self.metrics = _metrics_for(config)
         self._breaker = CircuitBreaker(
@@ -318,10 +324,11 @@ class PriorityRouter:
         return self._decision(state.client_id, state.pending, stored, tiered)
 
     def reset(self, client_id: object) -> bool:
-        """Forget one client's count (its next document is checked at 0); True if it had one."""
+        """Forget one client's count, in both modes' keys (its next document is checked at
+        0); True if it had one."""
         client = self._client(client_id)
         with self._store("reset", client):
-            return self.store.clear(client)
+            return any([store.clear(client) for store in self.both_modes])
 
     def decide(self, client_id: str, task_id: str | None = None, cost: object = None) -> Decision:
         """Like :meth:`record`, but never raises: when the counter store fails the

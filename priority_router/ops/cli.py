@@ -43,6 +43,7 @@ from .cli_context import (
     json_option,
     load_app,
     main,
+    print_table,
     required_app,
     router_app_option,
     router_for,
@@ -116,7 +117,7 @@ def status(ctx: click.Context, as_json: bool, app_name: str | None, limit: int |
             *((str(r["in_flight"]),) if inflight else ()),
             *(_gate_cells(r["gate"]) if limited else ()),
         )
-    console.print(table)
+    print_table(table)
     shown = f", {len(rows)} shown" if len(rows) < tracked else ""
     console.print(f"{tracked} client(s) tracked in the {router.config.mode} mode{shown}")
     if not tracked and app_name_of(ctx, app_name) is None:
@@ -177,7 +178,7 @@ def inspect(ctx: click.Context, client: str, as_json: bool, app_name: str | None
         if isinstance(value, dict):
             value = ", ".join(f"{k} {'-' if v is None else v}" for k, v in value.items())
         table.add_row(escape(key), "-" if value is None else escape(str(value)))
-    console.print(table)
+    print_table(table)
     if row["tier"] is not None and not router.config.tiers:
         console.print(TIERS_OFF_NOTE)
 
@@ -229,7 +230,8 @@ def _tier_in_effect(router: PriorityRouter, client_id: str) -> tuple[str | None,
 @router_app_option
 @click.pass_context
 def reset(ctx: click.Context, client: str | None, everyone: bool, yes: bool, app_name: str | None) -> None:
-    """Forget CLIENT's count (or every client's with --all): next document at pending 0."""
+    """Forget CLIENT's count (or every client's with --all), in both counting modes' keys:
+    next document at pending 0."""
     if everyone == (client is not None):
         fail("name one CLIENT, or pass --all (not both)", 2)
     router = router_for(ctx, app_name)
@@ -237,10 +239,12 @@ def reset(ctx: click.Context, client: str | None, everyone: bool, yes: bool, app
         if not yes:
             fail("reset --all forgets every client's count; add --yes to confirm", 2)
         try:
-            deleted = router.store.clear_all()
+            seed, inflight = (store.clear_all() for store in router.both_modes)
         except Exception as exc:
             fail(f"cannot reset at {redact_url(router.config.redis_url)}: {exc}")
-        click.echo(f"reset {deleted} client(s)")
+        # Both modes' keys: a router switched from one mode leaves the other's.
+        said = f"{seed} key(s) of the seed mode, {inflight} of the inflight mode"
+        click.echo(f"reset every client's count: {said}")
         return
     assert client is not None
     if not yes and not click.confirm(f"Reset the pending count of {client!r}?", default=False):
@@ -304,7 +308,7 @@ def queues(ctx: click.Context, app_name: str | None, as_json: bool) -> None:
         for q in depths.queues:
             ready = "missing" if q.ready is None else str(q.ready)
             table.add_row(q.queue, ready, "-" if q.consumers is None else str(q.consumers))
-    console.print(table)
+    print_table(table)
     if depths.unacked is not None:
         console.print(f"{depths.unacked} message(s) delivered to workers and not yet acknowledged")
     for name, waiting in depths.unpolled().items():
@@ -367,7 +371,7 @@ def doctor(
         for f in findings:
             mark = "[green]ok[/]" if f.ok else "[red]FAIL[/]"
             table.add_row(f.check, mark, f.detail, f.fix)
-        console.print(table)
+        print_table(table)
         console.print(f"{len(problems)} problem(s)" if problems else "no problems found")
     if problems:
         sys.exit(1)

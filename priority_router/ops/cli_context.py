@@ -13,6 +13,8 @@ from typing import Any, NoReturn
 
 import click
 from rich.console import Console
+from rich.measure import Measurement
+from rich.table import Table
 
 from ..config import MODES, RouterConfig
 from ..errors import ConfigurationError
@@ -78,6 +80,18 @@ def operator_router(config: RouterConfig) -> PriorityRouter:
 def fail(message: str, code: int = 1) -> NoReturn:
     click.echo(f"priority-router: {message}", err=True)
     sys.exit(code)
+
+
+def print_table(table: Table) -> None:
+    """``table`` on the console: fitted to a terminal's width, and at its own width
+    elsewhere (piped, redirected, in a script), where nothing wraps at all: cut to
+    Rich's 80 columns, headers broke mid-word ("pendin" / "g")."""
+    if console.is_terminal:
+        console.print(table)
+        return
+    # Console.print caps a width at the console's own: a console of the table's width.
+    wide = Console(width=10_000)
+    Console(width=Measurement.get(wide, wide.options, table).maximum).print(table)
 
 
 def emit_json(data: Any) -> None:

@@ -32,6 +32,7 @@ from .cli_context import (
     emit_json,
     fail,
     json_option,
+    print_table,
     router_app_option,
     router_for,
     store_options,
@@ -256,7 +257,7 @@ def list_tiers(ctx: click.Context, as_json: bool, app_name: str | None) -> None:
     table.add_column("tier", overflow="fold")
     for r in rows:
         table.add_row(escape(str(r["client_id"])), escape(_shown(r)))
-    console.print(table)
+    print_table(table)
     invalid = sum(1 for r in rows if r["error"] is not None)
     console.print(
         f"{len(rows)} client(s) with a tier of their own" + (f", {invalid} invalid" if invalid else "")

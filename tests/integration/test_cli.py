@@ -77,7 +77,7 @@ def test_reset_all_needs_yes(cli: Callable[..., Result], router: PriorityRouter)
 
     done = cli("reset", "--all", "--yes")
     assert done.exit_code == 0
-    assert "reset 3 client(s)" in done.output
+    assert "reset every client's count: 3 key(s) of the seed mode, 0 of the inflight mode" in done.output
     assert json.loads(cli("status", "--json").output) == []
 
 
@@ -189,9 +189,44 @@ def test_the_inflight_mode_reads_and_resets_the_in_flight_sets(
 
     done = cli("--mode", "inflight", "reset", "--all", "--yes")
     assert done.exit_code == 0, done.output
-    assert "reset 1 client(s)" in done.output
+    assert "1 key(s) of the seed mode, 1 of the inflight mode" in done.output, "both modes' keys"
     assert router.peek("busy").pending == 0
-    assert json.loads(cli("status", "--json").output)[0]["client_id"] == "seed-only"
+    assert json.loads(cli("status", "--json").output) == []
+
+
+def test_reset_clears_one_client_in_both_modes(
+    cli: Callable[..., Result], counter_url: str, key_prefix: str
+) -> None:
+    inflight = PriorityRouter(redis_url=counter_url, key_prefix=key_prefix, mode="inflight")
+    seed = PriorityRouter(redis_url=counter_url, key_prefix=key_prefix)
+    inflight.record("acme", "t1")
+    seed.record("acme")
+    seed.record("acme")
+    done = cli("--mode", "inflight", "reset", "acme", "--yes")
+    assert done.exit_code == 0, done.output
+    assert (inflight.peek("acme").pending, seed.peek("acme").pending) == (0, 0)
+    assert seed.reset("acme") is False, "nothing left in either mode"
+
+
+def test_status_is_not_cut_to_80_columns_when_piped(
+    cli: Callable[..., Result], counter_url: str, key_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    router = PriorityRouter(redis_url=counter_url, key_prefix=key_prefix, mode="inflight")
+    client = "a-client-id-longer-than-a-narrow-column-0001"
+    router.record(client, "t1")
+    router.set_tier(client, max_in_flight=3, borrow=True, rate="10/m")
+    # CliRunner's output is not a terminal, as a pipe is not; COLUMNS unset, as in a cron job.
+    monkeypatch.delenv("COLUMNS", raising=False)
+    table = cli("--mode", "inflight", "status").output
+    header = next(line for line in table.splitlines() if "client" in line and "pending" in line)
+    cells = [c.strip() for c in header.strip("┃ ").split("┃")]
+    assert cells == [
+        *("client", "pending", "priority", "since update", "until reset", "in flight"),
+        *("running", "held", "limits"),
+    ]
+    row = next(line for line in table.splitlines() if client in line)
+    assert "max_in_flight=3 borrow rate=10/m" in row, "a row is one line"
+    router.unset_tier(client)
 
 
 def test_status_says_how_many_are_tracked_and_shown(
