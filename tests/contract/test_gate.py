@@ -150,6 +150,19 @@ def test_a_copy_of_a_sent_release_is_dropped_until_the_release_arrives(gate: Gat
     assert end(gate, queue, "c", cap, NOW + 5) == ["b"]
 
 
+def test_a_released_document_arriving_after_its_reservation_lapsed_still_runs(
+    gate: GateStore, queue: Queue
+) -> None:
+    cap = Limits(max_in_flight=1)
+    assert [admit(gate, queue, t, cap) for t in "abc"] == ["run", "held", "held"]
+    assert end(gate, queue, "a", cap) == ["b"]
+    # Every worker was down longer than the lease: b's reservation lapsed, c took its slot.
+    later = NOW + gate.lease_ms + 1
+    assert end(gate, queue, "", cap, later) == ["c"]
+    # b arrives: it went through the gate already, so it runs rather than being held again.
+    assert admit(gate, queue, "b", cap, later + 1) == "run"
+
+
 def test_a_release_killed_before_it_published_releases_the_document_again(
     gate: GateStore, queue: Queue
 ) -> None:

@@ -247,9 +247,14 @@ end
 
 -- admit
 borrow = 0
-if redis.call('ZSCORE', run, id) then
-  -- A released document back from the broker, or one delivered again: it has its place.
-  redis.call('ZADD', run, now + lease, id)
+if redis.call('ZSCORE', run, id) or redis.call('ZSCORE', sent, id) then
+  -- A released document back from the broker (its reservation may have lapsed on the way,
+  -- a worker restarting), or one delivered again: it has its place.
+  if not redis.call('ZSCORE', run, id) then
+    take(id, number)
+  else
+    redis.call('ZADD', run, now + lease, id)
+  end
   redis.call('ZREM', sent, id)
   return settle(1)
 end
