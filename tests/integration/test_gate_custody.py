@@ -226,3 +226,25 @@ def test_a_store_pause_does_not_stall_a_capped_client(
     gaps = [b - a for a, b in itertools.pairwise(starts)]
     assert max(gaps) < 5, f"the client stalled {max(gaps):.1f} s (its lease is 30 s)"
     assert _runs(runs, env, docs) == [1] * 40
+
+
+def test_a_store_that_evicts_the_gates_keys_under_maxmemory_loses_no_held_document(
+    trial: tuple[dict[str, str], redis.Redis, PriorityRouter, Celery], store: Store
+) -> None:
+    """A store run as a cache (``maxmemory`` with ``allkeys-random``) evicts whatever it
+    likes: the held documents' counts go, the documents do not."""
+    env, runs, router, app = trial
+    docs = _send(app, 10, 0.4)
+    admin = redis.Redis.from_url(store.url)
+    with running_worker(env, "-P", "threads", "-c", "4") as worker:
+        _wait(lambda: router.gate_state("bulk").held >= 6, "documents were not held", log=worker.output)
+        admin.config_set("maxmemory-policy", "allkeys-random")
+        admin.config_set("maxmemory", admin.info("memory")["used_memory"] + 256 * 1024)
+        filler = "x" * 1024
+        for i in range(4000):
+            admin.set(f"filler:{i}", filler)
+        # Most of what was there before the filler went, the gate's keys most likely with it.
+        assert admin.info("stats")["evicted_keys"] > 3000
+        for doc in docs:
+            doc.get(timeout=60)
+    assert _runs(runs, env, docs) == [1] * 10
