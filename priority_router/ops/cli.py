@@ -454,15 +454,15 @@ def migrate(
 
 
 def _held_documents_note(ctx: click.Context, app_name: str | None, broker_url: str | None) -> str | None:
-    """What a switch-off would strand: documents held by caps live in the counter store,
-    and only router workers release them."""
+    """What a switch-off would strand: documents held by caps wait in their holding queues
+    on the broker, and only router workers release them."""
     app = app_name_of(ctx, app_name)
     if app is not None and installed_router(load_app(app)) is None:
         return None  # a plain app names no store; the publishers' app does
     try:
         held = router_for(ctx, app_name if broker_url is None else None).gate_store.held_now()
     except Exception as exc:
-        return f"could not look for documents held by caps in the counter store ({exc})"
+        return f"could not count documents held by caps in the counter store ({exc})"
     if not held:
         return None
     return (

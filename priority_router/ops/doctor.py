@@ -44,15 +44,18 @@ from ..integration.rabbitmq import (
 )
 from ..limits import Limits
 from ..redact import redact_url
-from ..router import installed_router
+from ..router import PriorityRouter, installed_router
 from ..store.client_ids import glob_escape
 from ..store.connection import is_cluster
+from ..store.gate import GateState
 from ..store.schema import SCHEMA, SchemaMismatch
 from .queues import unpriced_waiting
 
 #: Seconds after which a document still held with no limit anywhere is stranded: router
 #: workers release such documents within a few seconds.
 STRANDED_AFTER = 30.0
+#: Seconds between the two looks at a client whose held documents have room to start.
+STALL_RECHECK = 2.5
 
 
 #: kombu before 5.7: a threads worker at prefetch 1 starts its next document only when its
@@ -561,10 +564,39 @@ def _check_limits(
                 "waiting in the queue, not ones a cap or rate holds)",
                 "raise its max_in_flight or rate, or lift them (`priority-router tier unset CLIENT`)",
             )
+    yield from _stalled(router, held)
     shown = f"{len(clients)} client(s) with limits" + (f", default {default.describe()}" if default else "")
     if held:
         shown += f", {sum(s.held for s in held.values())} document(s) held now"
     yield Finding("limits", True, f"{shown}; pool {slots if slots is not None else '?'} slot(s) ({whose})")
+
+
+def _stalled(router: PriorityRouter, held: Mapping[str, GateState]) -> Iterator[Finding]:
+    """Clients with documents held while their caps have room and no rate holds them: a
+    router worker releases such documents within 2 s, so if they are still held a moment
+    later, none is doing so (none runs, or none reaches the store or the broker)."""
+    free = [c for c, state in held.items() if _room(state, router.limits(c))]
+    if not free:
+        return
+    time.sleep(STALL_RECHECK)
+    for client in free:
+        state = router.gate_state(client)
+        limits = router.limits(client)
+        if not _room(state, limits):
+            continue
+        yield Finding(
+            "limits",
+            False,
+            f"client {client!r} has {state.held} document(s) held while {state.running} of its "
+            f"{limits.describe()} run: router workers release such documents within 2 s, and none did",
+            "start a worker with the router, and check that the workers reach the counter store and the "
+            "broker (their logs say when either fails)",
+        )
+
+
+def _room(state: GateState, limits: Limits) -> bool:
+    cap = limits.max_in_flight
+    return bool(state.held) and limits.rate is None and cap is not None and state.running < cap
 
 
 def _worker_stats(app: Celery) -> Mapping[str, Any]:

@@ -218,7 +218,7 @@ def unset(ctx: click.Context, client: str | None, default: bool, app_name: str |
     click.echo(message)
     if held:
         click.echo(
-            f"{held} document(s) held by caps wait in the counter store: workers with the router start "
+            f"{held} document(s) held by caps wait in their holding queue: workers with the router start "
             "those the limits now allow within 2 s; while none runs, they wait (docs/caps.md)"
         )
 

@@ -207,13 +207,21 @@ def test_doctor_flags_a_cap_that_can_never_bite_and_documents_held_past_max_wait
     router.set_tier("bulk", max_in_flight=1)
     limits = router.limits("bulk")
     long_ago = int(time.time() * 1000) - 40_000
-    router.gate_store.admit("bulk", "running", limits, 1000, b"{}", now_ms=long_ago)
-    verdict = router.gate_store.admit("bulk", "waiting", limits, 1000, b"{}", now_ms=long_ago)
+    router.gate_store.admit("bulk", "running", limits, 1000, now_ms=long_ago)
+    verdict = router.gate_store.admit("bulk", "waiting", limits, 1000, now_ms=long_ago)
     router.gate_store.note_held("bulk", verdict)
     code, findings = invoke("doctor", "-A", name, "-P", "threads", "-c", "4")
     (finding,) = [f for f in findings if f["check"] == "limits" and not f["ok"]]
     assert "client 'bulk' has 1 document(s) held by its limits, the oldest for 4" in finding["detail"]
     assert "longer than max_wait=2 s" in finding["detail"]
+    assert code == 1
+
+    # The running document ended and nothing released the held one: no router worker runs.
+    router.gate_store.end("bulk", "running", limits)
+    code, findings = invoke("doctor", "-A", name, "-P", "threads", "-c", "4")
+    stalled = [f for f in findings if f["check"] == "limits" and "release such documents" in f["detail"]]
+    assert len(stalled) == 1, findings
+    assert "client 'bulk' has 1 document(s) held while 0 of its max_in_flight=1 run" in stalled[0]["detail"]
     assert code == 1
 
     # The limits lifted, no worker with the router running: the held document is stranded.

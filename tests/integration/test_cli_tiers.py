@@ -413,11 +413,11 @@ def test_unset_says_how_many_documents_the_lifted_cap_held(
     assert cli("tier", "set", "bulk", "--max-in-flight", "1").exit_code == 0
     router = PriorityRouter(counter_url, key_prefix=key_prefix)
     limits = router.limits("bulk")
-    assert router.gate_store.admit("bulk", "first", limits, 1000, b"{}").outcome == "run"
+    assert router.gate_store.admit("bulk", "first", limits, 1000).outcome == "run"
     for task in ("second", "third"):
-        held = router.gate_store.admit("bulk", task, limits, 1000, b"{}")
+        held = router.gate_store.admit("bulk", task, limits, 1000)
         router.gate_store.note_held("bulk", held)
     result = cli("tier", "unset", "bulk")
     assert result.exit_code == 0, result.output
-    assert "2 document(s) held by caps wait in the counter store" in result.output
+    assert "2 document(s) held by caps wait in their holding queue" in result.output
     assert "held by caps" not in cli("tier", "unset", "light").output

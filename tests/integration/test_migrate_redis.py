@@ -267,7 +267,7 @@ def test_doctor_counts_as_unrouted_only_documents_no_router_priced(
 def test_switching_off_names_the_documents_caps_hold_in_the_store(
     broker: redis.Redis, queue: str, redis_server_url: str
 ) -> None:
-    """Held documents wait in the counter store, not in the queue: migrate --to plain says
+    """Held documents wait in their holding queues, not in the queue: migrate --to plain says
     how many, whose, and what to do before the last router worker stops."""
     from priority_router import PriorityRouter
 
@@ -276,8 +276,8 @@ def test_switching_off_names_the_documents_caps_hold_in_the_store(
     router = PriorityRouter(store, key_prefix=prefix)
     router.set_tier("bulk", max_in_flight=1)
     limits = router.limits("bulk")
-    assert router.gate_store.admit("bulk", "first", limits, 1000, b"{}").outcome == "run"
-    held = router.gate_store.admit("bulk", "second", limits, 1000, b"{}")
+    assert router.gate_store.admit("bulk", "first", limits, 1000).outcome == "run"
+    held = router.gate_store.admit("bulk", "second", limits, 1000)
     assert held.outcome == "held"
     router.gate_store.note_held("bulk", held)
     result = CliRunner().invoke(
