@@ -135,12 +135,6 @@ class PriorityRouter:
         self.costs_in_use = CostsInUse(redis_client, config.key_prefix)
         #: The store the mode counts in: what ``peek``, ``state`` and the CLI read.
         self.store: Counter | InflightCounter = self.inflight or self.counter
-        #: Both modes' stores, the seed's first: what ``reset`` clears, since a router switched
-        #: from one mode to the other leaves the other's keys until their idle reset.
-        self.both_modes: tuple[Counter, InflightCounter] = (
-            self.counter,
-            self.inflight or InflightCounter(redis_client, config.key_prefix, config.reset_interval),
-        )
         self.policy = config.thresholds
         self.metrics = _metrics_for(config)
         self._breaker = CircuitBreaker(
@@ -328,7 +322,12 @@ class PriorityRouter:
         0); True if it had one."""
         client = self._client(client_id)
         with self._store("reset", client):
-            return any([store.clear(client) for store in self.both_modes])
+            # Both modes' keys: a router switched from one mode leaves the other's until their
+            # idle reset.  Built here: registering the inflight scripts connects, on a cluster.
+            inflight = self.inflight or InflightCounter(
+                self.redis, self.config.key_prefix, self.config.reset_interval
+            )
+            return any([store.clear(client) for store in (self.counter, inflight)])
 
     def decide(self, client_id: str, task_id: str | None = None, cost: object = None) -> Decision:
         """Like :meth:`record`, but never raises: when the counter store fails the

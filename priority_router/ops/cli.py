@@ -29,8 +29,9 @@ from rich.table import Table
 from ..errors import ConfigurationError, CounterUnavailable, PriorityRouterError
 from ..redact import redact_url
 from ..router import PriorityRouter, installed_router
-from ..store.counter import CounterState
+from ..store.counter import Counter, CounterState
 from ..store.gate import describe_held, held_by
+from ..store.inflight import InflightCounter
 from ..tiers import Tier
 from .cli_context import (
     TIERS_OFF_NOTE,
@@ -239,7 +240,9 @@ def reset(ctx: click.Context, client: str | None, everyone: bool, yes: bool, app
         if not yes:
             fail("reset --all forgets every client's count; add --yes to confirm", 2)
         try:
-            seed, inflight = (store.clear_all() for store in router.both_modes)
+            config = router.config
+            seed = Counter(router.redis, config.key_prefix, config.reset_interval).clear_all()
+            inflight = InflightCounter(router.redis, config.key_prefix, config.reset_interval).clear_all()
         except Exception as exc:
             fail(f"cannot reset at {redact_url(router.config.redis_url)}: {exc}")
         # Both modes' keys: a router switched from one mode leaves the other's.

@@ -3,6 +3,8 @@ the installed versions: each test fails when a release changes what the router r
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from unittest import mock
 
 import pytest
@@ -118,19 +120,24 @@ def test_priority_list_names_kombus_redis_list_for_each_step() -> None:
 
 
 def test_pool_size_follows_an_autoscaled_prefork_pool_as_it_grows_and_shrinks() -> None:
-    from types import SimpleNamespace
-
-    from celery.concurrency.prefork import TaskPool
-
-    pool = TaskPool(limit=1)
-    pool.start()
-    try:
-        consumer = SimpleNamespace(pool=pool)
-        assert internals.pool_size(consumer) == 1
-        pool.grow(2)  # what the autoscaler does
-        assert internals.pool_size(consumer) == 3
-        pool.shrink(1)
-        assert internals.pool_size(consumer) == 2
-    finally:
-        pool.terminate()
-    assert internals.pool_size(SimpleNamespace(pool=None)) is None
+    # A prefork pool forks: in a process of its own, not in the threaded test process.
+    script = """
+from types import SimpleNamespace
+from celery.concurrency.prefork import TaskPool
+from priority_router.integration.celery_internals import pool_size
+pool = TaskPool(limit=1)
+pool.start()
+try:
+    consumer = SimpleNamespace(pool=pool)
+    seen = [pool_size(consumer)]
+    pool.grow(2)  # what the autoscaler does
+    seen.append(pool_size(consumer))
+    pool.shrink(1)
+    seen.append(pool_size(consumer))
+finally:
+    pool.terminate()
+print(seen, pool_size(SimpleNamespace(pool=None)))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[0] == "[1, 3, 2] None"
