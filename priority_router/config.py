@@ -18,7 +18,7 @@ from typing import Any
 
 from .errors import ConfigurationError
 from .redact import redact_url
-from .thresholds import DEFAULT_THRESHOLDS, Policy, check_priority
+from .thresholds import DEFAULT_THRESHOLDS, Policy, check_priority, parse_table
 
 #: Called as ``getter(task_name, args, kwargs, headers)``; returns a client id or None.
 ClientIdGetter = Callable[[str, tuple[Any, ...], dict[str, Any], dict[str, Any]], object]
@@ -103,9 +103,11 @@ class RouterConfig:
     )
     thresholds: Policy = setting(
         DEFAULT_THRESHOLDS,
-        "The table that turns a pending count into a priority: a `Policy`, or `(limit, priority)` rows.",
-        None,
-        "DEFAULT_THRESHOLDS",
+        "The table that turns a pending count into a priority: `default` (the scheme's), `wide` "
+        "(deeper, for several heavy clients: docs/scheme.md), a `Policy`, or `(limit, priority)` "
+        "rows (as text `-20:9,-14:8,...`).",
+        parse_table,
+        "default",
     )
     default_priority: int = setting(
         5,
@@ -374,12 +376,14 @@ def _max_wait(value: object) -> float:
 def _policy(value: object) -> Policy:
     if isinstance(value, Policy):
         return value
+    if isinstance(value, str):
+        return parse_table(value)
     if isinstance(value, Iterable) and not isinstance(value, str | bytes):
         return Policy.from_rows(value)
     raise ConfigurationError(
         "thresholds",
         f"{value!r} is not a threshold table",
-        "pass a Policy or (limit, priority) rows, e.g. DEFAULT_THRESHOLDS",
+        "pass a table's name (default, wide), a Policy or (limit, priority) rows",
     )
 
 

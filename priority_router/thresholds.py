@@ -130,6 +130,76 @@ DEFAULT_THRESHOLDS = Policy.from_rows(
     fallback=MOST_URGENT,
 )
 
+#: A deeper table, chosen by measurement (``bench/wide_table.py``, docs/scheme.md): its limits
+#: grow geometrically (4 x 2.7^k), so clients of 30, 200 and 1,000 documents counted stay apart.
+WIDE_THRESHOLDS = Policy.from_rows(
+    [(-4184, 9), (-1550, 8), (-574, 7), (-213, 6), (-79, 5), (-29, 4), (-11, 3), (-4, 2)],
+    fallback=MOST_URGENT,
+)
+
+#: The tables a setting may name instead of giving rows: ``thresholds="wide"``.
+NAMED_TABLES = {"default": DEFAULT_THRESHOLDS, "wide": WIDE_THRESHOLDS}
+
+
+def table_name(policy: Policy) -> str:
+    """How a table is shown: its name (``default``, ``wide``), else its rows as
+    ``--thresholds`` and ``PRIORITY_ROUTER_THRESHOLDS`` take them."""
+    for name, table in NAMED_TABLES.items():
+        if policy == table:
+            return name
+    return rows_text(policy)
+
+
+def rows_text(policy: Policy) -> str:
+    """``-20:9,-14:8,...``, with ``fallback:P`` last when the fallback is not 1."""
+    text = ",".join(f"{row.below}:{row.priority}" for row in policy.thresholds)
+    return text if policy.fallback == MOST_URGENT else f"{text},fallback:{policy.fallback}"
+
+
+def parse_table(text: str, setting: str = "thresholds") -> Policy:
+    """A table from text: a name (``default``, ``wide``) or ``LIMIT:PRIORITY`` rows, lowest
+    limit first, with an optional ``fallback:PRIORITY`` last.  Raises
+    :class:`ConfigurationError` naming ``setting`` and the fix."""
+    name = text.strip().lower()
+    if name in NAMED_TABLES:
+        return NAMED_TABLES[name]
+    rows: list[tuple[int, int]] = []
+    fallback = MOST_URGENT
+    items = [item.strip() for item in text.split(",")]
+    names = " or ".join(NAMED_TABLES)
+    for n, item in enumerate(items):
+        limit, colon, priority = item.partition(":")
+        if not colon:
+            raise ConfigurationError(
+                setting,
+                f"{item!r} is neither a table's name nor a LIMIT:PRIORITY row",
+                f"name a table ({names}) or write rows like -20:9,-14:8 (lowest limit first)",
+            )
+        try:
+            value = int(priority)
+        except ValueError:
+            raise ConfigurationError(
+                setting, f"{item!r}: priority {priority!r} is not a whole number", "use 1 to 9"
+            ) from None
+        if limit.strip().lower() == "fallback":
+            if n != len(items) - 1:
+                raise ConfigurationError(
+                    setting, f"{item!r} is not last", "put fallback:PRIORITY last: it applies under no limit"
+                )
+            fallback = value
+            continue
+        try:
+            rows.append((int(limit), value))
+        except ValueError:
+            raise ConfigurationError(
+                setting, f"{item!r}: limit {limit!r} is not a whole number", "write limits like -20"
+            ) from None
+    try:
+        return Policy.from_rows(rows, fallback=fallback)
+    except ConfigurationError as exc:
+        raise ConfigurationError(setting, exc.problem, exc.fix) from None
+
+
 #: Old names still importable, each with a DeprecationWarning naming the new one.
 DEPRECATED = {"DOCBITS_THRESHOLDS": "DEFAULT_THRESHOLDS"}
 

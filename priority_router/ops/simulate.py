@@ -40,14 +40,15 @@ from ..simulation.report import (
 from ..simulation.tiers import Tiers, TierSpecError, load_tiers_csv, parse_client_tier, parse_tier
 from ..simulation.trace import Trace, TraceError, load_csv
 from ..simulation.workloads import DEFAULT_SEED, WORKLOADS
-from ..thresholds import DEFAULT_THRESHOLDS, MOST_URGENT, Policy
+from ..thresholds import DEFAULT_THRESHOLDS, Policy, parse_table, rows_text, table_name
 from ..tiers import Tier
 
 THRESHOLDS_HELP = (
-    "The threshold table as LIMIT:PRIORITY rows, lowest limit first, priority applying when "
-    "pending < LIMIT; an optional fallback:PRIORITY for counts under no limit (default 1). "
-    "Default: the scheme's table, "
-    + ",".join(f"{r.below}:{r.priority}" for r in DEFAULT_THRESHOLDS.thresholds)
+    "The threshold table: a name, default (the scheme's table, "
+    + rows_text(DEFAULT_THRESHOLDS)
+    + ") or wide (a deeper one, for several heavy clients), or LIMIT:PRIORITY rows, lowest "
+    "limit first, priority applying when pending < LIMIT, with an optional fallback:PRIORITY "
+    "for counts under no limit (default 1) [PRIORITY_ROUTER_THRESHOLDS, default]."
 )
 BOUNDED = tuple(p for p in POLICIES if p.endswith("+max_wait"))
 #: The policies tiers apply to: the router's; fifo, rr and drr have no priorities.
@@ -68,42 +69,13 @@ TIER_HELP = (
 )
 
 
-def parse_thresholds(text: str) -> Policy:
-    """``-20:9,-14:8,...,fallback:1`` -> a validated :class:`Policy`; ValueError says what is wrong."""
-    rows: list[tuple[int, int]] = []
-    fallback = MOST_URGENT
-    items = [item.strip() for item in text.split(",")]
-    for n, item in enumerate(items):
-        limit, colon, priority = item.partition(":")
-        if not colon:
-            raise ValueError(
-                f"{item!r} is not LIMIT:PRIORITY; write rows like -20:9,-14:8 (lowest limit first)"
-            )
-        try:
-            value = int(priority)
-        except ValueError:
-            raise ValueError(f"{item!r}: priority {priority!r} is not a whole number from 1 to 9") from None
-        if limit.strip().lower() == "fallback":
-            if n != len(items) - 1:
-                raise ValueError(f"{item!r} must come last: it is the priority of counts under no limit")
-            fallback = value
-            continue
-        try:
-            rows.append((int(limit), value))
-        except ValueError:
-            raise ValueError(
-                f"{item!r}: limit {limit!r} is not a whole number of pending documents, e.g. -20"
-            ) from None
-    return Policy.from_rows(rows, fallback=fallback)
-
-
 def _thresholds(ctx: click.Context, param: click.Parameter, value: str | None) -> Policy | None:
     if value is None:
         return None
     try:
-        return parse_thresholds(value)
-    except ValueError as exc:  # ConfigurationError is a ValueError too
-        raise click.BadParameter(str(exc), ctx, param) from None
+        return parse_table(value)
+    except ConfigurationError as exc:
+        raise click.BadParameter(f"{exc.problem}. Fix: {exc.fix}", ctx, param) from None
 
 
 def _policies(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[str, ...] | None:
@@ -173,7 +145,7 @@ def _tiers_file(ctx: click.Context, param: click.Parameter, value: Path | None) 
     show_default=True,
     help="Worker slots (processes x threads).",
 )
-@click.option("--thresholds", callback=_thresholds, metavar="ROWS", help=THRESHOLDS_HELP)
+@click.option("--thresholds", callback=_thresholds, metavar="NAME|ROWS", help=THRESHOLDS_HELP)
 @click.option(
     "--reset-interval",
     type=float,
@@ -326,7 +298,7 @@ def simulate(
     settings = (
         f"reset_interval {config.reset_interval:g} s"
         + ("" if config.max_wait is None else f", max_wait {config.max_wait:g} s")
-        + ("" if thresholds is None else ", custom thresholds")
+        + ("" if config.thresholds == DEFAULT_THRESHOLDS else f", thresholds {table_name(config.thresholds)}")
         + ("" if not overhead else f", overhead {overhead * 1000:g} ms per document")
         + ("" if not tiers else f", {tiers.summary()}")
         + ("" if not tiers.limiting else f", gate tick {gate_tick:g} s")

@@ -20,7 +20,7 @@ from .trace import Trace, TraceBuilder
 
 @dataclass(frozen=True)
 class Document:
-    group: str  # "heavy" or "light"
+    group: str  # "heavy" or "light" ("giant", "medium", "light" for Giants)
     client_id: str
     document_id: str
     #: Seconds the document holds a worker slot (``hold_document``).
@@ -264,6 +264,65 @@ class SlowNeighbour:
         return _open_trace(self.documents())
 
 
+@dataclass(frozen=True)
+class Giants:
+    """Heavy clients of very different sizes: giants, medium clients and light ones, the case
+    for a threshold table deeper than the scheme's (``thresholds="wide"``).
+
+    Giant ``i`` (``giant0``, ...) dumps ``giants[i]`` documents at ``i * giant_gap``
+    seconds; medium client ``i`` (``medium0``, ...) dumps ``medium[i]`` documents at
+    ``medium_at + i * medium_gap``; ``light_clients`` clients (``light00``, ...) send
+    ``light_docs`` documents each, evenly spread over ``light_spread`` seconds from
+    ``light_start``, client after client in turn.  Every document lasts ``doc_min`` to
+    ``doc_max`` seconds, uniformly, seeded.
+    """
+
+    giants: tuple[int, ...] = (1000,)
+    giant_gap: float = 5.0
+    medium: tuple[int, ...] = (60,)
+    medium_at: float = 1.0
+    medium_gap: float = 10.0
+    light_clients: int = 12
+    light_docs: int = 3
+    light_start: float = 2.0
+    light_spread: float = 200.0
+    doc_min: float = 1.0
+    doc_max: float = 3.0
+    seed: int = 7
+
+    @property
+    def total(self) -> int:
+        return sum(self.giants) + sum(self.medium) + self.light_clients * self.light_docs
+
+    def documents(self) -> list[Document]:
+        """Every document, in publishing order."""
+        rng = random.Random(self.seed)
+
+        def length() -> float:
+            return rng.uniform(self.doc_min, self.doc_max)
+
+        docs = [
+            Document("giant", f"giant{i}", f"g{i}-{n}", length(), i * self.giant_gap)
+            for i, size in enumerate(self.giants)
+            for n in range(size)
+        ]
+        docs += [
+            Document("medium", f"medium{i}", f"m{i}-{n}", length(), self.medium_at + i * self.medium_gap)
+            for i, size in enumerate(self.medium)
+            for n in range(size)
+        ]
+        light = [(c, d) for d in range(self.light_docs) for c in range(self.light_clients)]
+        gap = self.light_spread / max(1, len(light))
+        docs += [
+            Document("light", f"light{c:02d}", f"l{c}-{d}", length(), self.light_start + i * gap)
+            for i, (c, d) in enumerate(light)
+        ]
+        return sorted(docs, key=lambda doc: doc.at)
+
+    def trace(self) -> Trace:
+        return _open_trace(self.documents())
+
+
 def _open_trace(documents: Iterator[Document] | list[Document]) -> Trace:
     """Documents published at their ``at``, in the order given (sorted by ``at``)."""
     builder = TraceBuilder()
@@ -278,8 +337,9 @@ class Workload(Protocol):
 
 #: ``--workload`` name -> the workload with a given seed: the real benchmarks' defaults
 #: (``bench/fairness.py`` for the noisy neighbour, ``bench/fairness_modes.py`` for steady-burst
-#: and heavy-mix); mixed-sizes is the simulator's own, for counting by cost, and
-#: slow-neighbour, for capping a client's documents in flight.
+#: and heavy-mix); mixed-sizes is the simulator's own, for counting by cost,
+#: slow-neighbour, for capping a client's documents in flight, and the giants (documents
+#: of 1-3 s, for 8, 16 and 32 slots), for choosing ``thresholds="wide"`` (bench/wide_table.py).
 WORKLOADS: dict[str, Callable[[int], Workload]] = {
     "noisy-neighbour": lambda seed: NoisyNeighbour(
         heavy=160, light_clients=12, light_docs=2, doc_seconds=0.05, jitter=0.5, seed=seed
@@ -288,6 +348,27 @@ WORKLOADS: dict[str, Callable[[int], Workload]] = {
     "heavy-mix": lambda seed: HeavyMix(seed=seed),
     "mixed-sizes": lambda seed: MixedSizes(seed=seed),
     "slow-neighbour": lambda seed: SlowNeighbour(seed=seed),
+    "giant-and-medium": lambda seed: Giants(seed=seed),
+    "several-giants": lambda seed: Giants(
+        giants=(2000, 1200, 800),
+        medium=(200, 150, 100, 60, 40, 25),
+        medium_at=2.0,
+        medium_gap=20.0,
+        light_clients=40,
+        light_spread=600.0,
+        seed=seed,
+    ),
+    "staggered-giants": lambda seed: Giants(
+        giants=(5000, 3000),
+        giant_gap=30.0,
+        medium=(480, 300, 220, 150, 90, 60, 45, 30, 25, 21),
+        medium_at=3.0,
+        medium_gap=30.0,
+        light_clients=60,
+        light_docs=4,
+        light_spread=1200.0,
+        seed=seed,
+    ),
 }
 
 #: The seed every built-in workload uses unless told otherwise (the benchmarks' default).

@@ -49,7 +49,7 @@ def test_the_configuration_reference_has_a_row_per_setting() -> None:
             assert env == "(Python only)"
         else:
             assert env == f"`PRIORITY_ROUTER_{f.name.upper()}`"
-    assert "`1500`" in table and "`DEFAULT_THRESHOLDS`" in table
+    assert "`1500`" in table and "`default`" in table
 
 
 def test_the_configuration_page_holds_the_reference_the_fields_give() -> None:

@@ -1,0 +1,216 @@
+"""Judging threshold tables on traces, and searching for the best one (``simulate --tune``,
+``bench/wide_table.py``, which chose ``thresholds="wide"``).
+
+A trace's clients fall in three groups by their documents in the trace: *light* (at most
+:data:`LIGHT_MAX`), *medium* (more, and at most a tenth of the largest client's) and
+*heavy* (the rest).  A table is judged against two references run on the same trace:
+deficit round robin over clients (``drr``, the ideal no broker offers) and the scheme's
+own table (``DEFAULT_THRESHOLDS``), under the same counting mode and costs.  Its score is
+the worst of three ratios, each 1.0 at its bound:
+
+- every medium client's p95 wait over ``max(1.1 x drr's, drr's + 2 s)``;
+- every client's p95 wait over ``max(1.5 x drr's, drr's + 2 s)``;
+- the light clients' worst p95 wait over ``max(1.1 x the default table's, the default
+  table's + one turn)``, where a turn is the trace's mean document length over the slots:
+  about how long a light document waits for the next slot to free, whatever the table, so
+  differences within it are which slot frees first, not the table.
+
+A table meets the criteria on a trace when its score is at most 1.0.  Over several traces
+(and modes, and costs) the search ranks tables by their worst score, and :func:`choose`
+takes, of those within :data:`TOLERANCE` of the best worst score, the one that meets the
+criteria on the most traces: the lowest worst score alone can trade many traces met for a
+hundredth of a ratio on one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+
+from ..config import RouterConfig
+from ..thresholds import LEAST_URGENT, MOST_URGENT, Policy
+from .engine import run
+from .metrics import p95
+from .policies import build
+from .trace import Trace
+
+#: The most documents of a light client.
+LIGHT_MAX = 20
+#: A medium client has at most this share of the largest client's documents.
+MEDIUM_SHARE = 0.1
+#: The bounds: a medium client's p95 within 1.1x drr's, any client's within 1.5x, the light
+#: clients' worst within 1.1x the default table's; waits within SLACK s of drr's always pass.
+MEDIUM_BOUND, ANY_BOUND, LIGHT_BOUND = 1.1, 1.5, 1.1
+SLACK = 2.0
+#: How far above the best worst score :func:`choose` looks for a table meeting more cases.
+TOLERANCE = 0.05
+GROUPS = ("light", "medium", "heavy")
+#: The geometric family searched: the first limit, and the ratio between limits.
+STARTS = (2, 3, 4, 5, 6, 8)
+RATIOS = tuple(round(1.5 + 0.1 * i, 1) for i in range(26))  # 1.5 .. 4.0
+
+
+def client_groups(trace: Trace) -> list[str]:
+    """Each client's group (by client index): light, medium or heavy."""
+    counts = [0] * len(trace.clients)
+    for c in trace.client:
+        counts[c] += 1
+    largest = max(counts)
+    return [
+        "light" if n <= LIGHT_MAX else "medium" if n <= MEDIUM_SHARE * largest else "heavy" for n in counts
+    ]
+
+
+def client_p95(trace: Trace, policy: str, config: RouterConfig, workers: int) -> list[float]:
+    """Each client's p95 wait (by client index) when ``trace`` runs under ``policy``."""
+    schedule = run(trace, build(policy, config), workers)
+    waits: list[list[float]] = [[] for _ in trace.clients]
+    for c, s, p in zip(trace.client, schedule.started, schedule.published, strict=True):
+        waits[c].append(s - p)
+    return [p95(sorted(w)) for w in waits]
+
+
+def geometric(start: int, ratio: float) -> Policy:
+    """The table whose 8 limits are -start, -start*ratio, -start*ratio^2, ... (rounded, each
+    deeper than the one before), priorities 2..9 from the top, 1 above the first limit."""
+    limits: list[int] = []
+    for k in range(LEAST_URGENT - MOST_URGENT):
+        limit = round(start * ratio**k)
+        limits.append(max(limit, limits[-1] + 1) if limits else limit)
+    return Policy.from_rows(
+        [
+            (-limit, priority)
+            for limit, priority in zip(reversed(limits), range(LEAST_URGENT, 1, -1), strict=True)
+        ]
+    )
+
+
+def candidates() -> list[Policy]:
+    """The tables searched: the geometric family (:data:`STARTS` x :data:`RATIOS`)."""
+    found = {geometric(s, r): None for s in STARTS for r in RATIOS}
+    return list(found)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One trace to judge tables on: its slots, counting mode and reset interval."""
+
+    name: str
+    trace: Trace
+    workers: int
+    mode: str = "seed"
+    reset_interval: float = 1500.0
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """A case's references: the groups, and each client's p95 under fifo, the default table and drr."""
+
+    case: Case
+    groups: list[str]
+    fifo: list[float]
+    default: list[float]
+    drr: list[float]
+    #: The trace's mean document length over its slots: the light clients' slack.
+    turn: float
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A table on one case: each client's p95 wait, and the score (1.0 at the bound)."""
+
+    p95: list[float]
+    score: float
+    #: Which bound the score is from: "medium", "any" or "light".
+    worst: str
+
+
+def baseline(case: Case) -> Baseline:
+    """Run the references once per case."""
+    config = RouterConfig(reset_interval=case.reset_interval)
+    return Baseline(
+        case,
+        client_groups(case.trace),
+        client_p95(case.trace, "fifo", config, case.workers),
+        client_p95(case.trace, case.mode, config, case.workers),
+        client_p95(case.trace, "drr", config, case.workers),
+        sum(case.trace.duration) / len(case.trace) / case.workers,
+    )
+
+
+def judge(base: Baseline, table: Policy) -> Verdict:
+    """Run ``table`` on the case and score it against the references."""
+    case = base.case
+    config = RouterConfig(reset_interval=case.reset_interval, thresholds=table)
+    waits = client_p95(case.trace, case.mode, config, case.workers)
+    return score(base, waits)
+
+
+def score(base: Baseline, waits: Sequence[float]) -> Verdict:
+    """Score p95 waits (by client index) against a case's references."""
+    scores = {"medium": 0.0, "any": 0.0, "light": 0.0}
+    for group, mine, ideal in zip(base.groups, waits, base.drr, strict=True):
+        scores["any"] = max(scores["any"], _ratio(mine, max(ANY_BOUND * ideal, ideal + SLACK)))
+        if group == "medium":
+            scores["medium"] = max(scores["medium"], _ratio(mine, max(MEDIUM_BOUND * ideal, ideal + SLACK)))
+    light = [w for g, w in zip(base.groups, waits, strict=True) if g == "light"]
+    if light:
+        before = max(w for g, w in zip(base.groups, base.default, strict=True) if g == "light")
+        scores["light"] = _ratio(max(light), max(LIGHT_BOUND * before, before + base.turn))
+    worst = max(scores, key=lambda k: scores[k])
+    return Verdict(list(waits), scores[worst], worst)
+
+
+def _ratio(value: float, bound: float) -> float:
+    return value / bound if bound > 0 else (0.0 if value <= 0 else float("inf"))
+
+
+@dataclass(frozen=True)
+class Ranked:
+    """A table and its verdicts on every case; its score is the worst of them."""
+
+    table: Policy
+    verdicts: list[Verdict]
+
+    @property
+    def score(self) -> float:
+        return max(v.score for v in self.verdicts)
+
+    @property
+    def passed(self) -> int:
+        return sum(v.score <= 1.0 for v in self.verdicts)
+
+
+def search(
+    bases: Sequence[Baseline],
+    tables: Iterable[Policy] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[Ranked]:
+    """Every table (by default :func:`candidates`) judged on every case, best first: the
+    lowest worst score, then the lowest mean score, then the shallower table."""
+    chosen = list(candidates() if tables is None else tables)
+    ranked = []
+    for n, table in enumerate(chosen):
+        if progress is not None:
+            progress(n, len(chosen))
+        ranked.append(Ranked(table, [judge(base, table) for base in bases]))
+    return sorted(
+        ranked,
+        key=lambda r: (
+            round(r.score, 6),
+            round(sum(v.score for v in r.verdicts) / len(r.verdicts), 6),
+            -r.table.thresholds[0].below,
+        ),
+    )
+
+
+def choose(ranked: Sequence[Ranked]) -> Ranked:
+    """Of the tables within :data:`TOLERANCE` of the best worst score, the one meeting the
+    criteria on the most cases (then the lowest worst score)."""
+    near = [r for r in ranked if r.score <= ranked[0].score * (1 + TOLERANCE)]
+    return max(near, key=lambda r: (r.passed, -r.score))
+
+
+def with_mode(case: Case, mode: str) -> Case:
+    """The same case counted in ``mode``."""
+    return replace(case, name=f"{case.name} ({mode})", mode=mode)
