@@ -14,7 +14,8 @@ The real keyword arguments stay in front, unchanged, and the text stays a dict
 literal, so Flower's exact search ``kwargs:priority_router_client=acme`` finds
 every document of a client, including those whose id travelled only in a header.
 A router in dry run adds ``'priority_router_dry_run': True``, since Flower cannot see
-the header that says so.
+the header that says so, and a router with a table other than the scheme's names it
+(``'priority_router_thresholds': 'wide'``) on every counted document.
 
 A document the worker's gate holds (``gate.py``) is announced again as received, its
 ``kwargs`` ending with why it waits (``'priority_router_held': "held by its client's
@@ -37,12 +38,16 @@ DRY_RUN_KEY = "priority_router_dry_run"
 TIER_KEY = "priority_router_tier"
 COST_KEY = "priority_router_cost"
 HELD_KEY = "priority_router_held"
+TABLE_KEY = "priority_router_thresholds"
 #: Longer ids are shown cut (headers must stay small; see publish.MAX_HEADER_ID).
 MAX_SHOWN_ID = 200
 
 
-def annotate_kwargsrepr(kwargsrepr: str, decision: Decision, dry_run: bool = False) -> str:
-    """``kwargsrepr`` with the decision added; an unusual repr gets it appended."""
+def annotate_kwargsrepr(
+    kwargsrepr: str, decision: Decision, dry_run: bool = False, table: str | None = None
+) -> str:
+    """``kwargsrepr`` with the decision added; an unusual repr gets it appended.  ``table``
+    names the threshold table when it is not the scheme's (``wide``, or its rows)."""
     client = decision.client_id
     if client is not None and len(client) > MAX_SHOWN_ID:
         client = client[:MAX_SHOWN_ID] + "..."
@@ -54,6 +59,8 @@ def annotate_kwargsrepr(kwargsrepr: str, decision: Decision, dry_run: bool = Fal
         extra += f", {TIER_KEY!r}: {decision.tier!r}"
     if decision.cost != 1:
         extra += f", {COST_KEY!r}: {decision.cost!r}"
+    if table is not None and decision.pending is not None:
+        extra += f", {TABLE_KEY!r}: {table!r}"
     if dry_run:
         extra += f", {DRY_RUN_KEY!r}: True"
     text = kwargsrepr.strip()

@@ -22,6 +22,7 @@ does, and nothing of the router keeps the app alive.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import weakref
@@ -34,6 +35,7 @@ from .. import headers as H
 from ..config import celery_values, unknown_celery_settings
 from ..errors import ConfigurationError
 from ..redact import redact_url
+from ..thresholds import table_name
 from .brokers import Transport, from_wire, transport_of
 from .celery_settings import Change, apply_changes, describe, first_time, wanted_changes, warn_kept
 from .endings import watch_endings
@@ -85,7 +87,9 @@ def install(router: PriorityRouter, app: Celery) -> PublishReceiver:
             router.decide,
             router.config,
             settle,
-            on_decision=metrics.record_decision if metrics is not None else None,
+            on_decision=None
+            if metrics is None
+            else functools.partial(metrics.record_decision, last_limit=router.policy.thresholds[0].below),
             pause=PublishPause(app, lambda: (router.redis, router.config.key_prefix)),
             consumer_check_interval=router.config.consumer_check_interval,
         )
@@ -290,11 +294,12 @@ def _say_started(app: Celery, installation: Installation, transport: Transport) 
     config, conf = installation.router.config, app.conf
     options = conf.broker_transport_options or {}
     logger.info(
-        "priority-router on %r: mode=%s%s, counter store %s, key prefix %r, %s broker, %s; "
+        "priority-router on %r: mode=%s%s, thresholds %s, counter store %s, key prefix %r, %s broker, %s; "
         "worker_prefetch_multiplier=%s, task_acks_late=%s%s",
         app.main,
         config.mode,
         " (dry run)" if config.dry_run else "",
+        table_name(config.thresholds),
         redact_url(config.redis_url),
         config.key_prefix,
         transport.value,

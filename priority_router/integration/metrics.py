@@ -7,6 +7,9 @@ Publishing side (any process that publishes through an installed router):
 - ``priority_router_fail_open_total``: publishes that got ``default_priority`` because
   the counter store could not answer (or its circuit breaker was open).
 - ``priority_router_counter_seconds``: round-trip time of one counter check.
+- ``priority_router_last_row_total``: documents counted past the threshold table's lowest
+  limit, at its least urgent priority, where clients are served first in first out among
+  themselves; ``priority-router status`` says which clients share it.
 
 Worker side:
 
@@ -70,6 +73,11 @@ class RouterMetrics:
             ["priority"],
             buckets=WAIT_BUCKETS,
         )
+        self.last_row = pc.Counter(
+            "priority_router_last_row",
+            "Documents counted past the threshold table's lowest limit (its last row), where "
+            "clients are served first in first out among themselves.",
+        )
         self.held = pc.Counter(
             "priority_router_held",
             "Documents the worker's gate held by their client's limits, by what held them (cap, rate).",
@@ -83,10 +91,19 @@ class RouterMetrics:
     def record_held(self, reason: str) -> None:
         self.held.labels(reason if reason in ("cap", "rate") else "cap").inc()
 
-    def record_decision(self, decision: Decision) -> None:
+    def record_decision(self, decision: Decision, last_limit: int | None = None) -> None:
+        """Count one decision; ``last_limit``, the table's lowest limit, counts it past the
+        table's last row when its count is under it."""
         self.assignments.labels(str(decision.priority), decision.reason.value).inc()
         if decision.reason is Reason.FAIL_OPEN:
             self.fail_open.inc()
+        elif (
+            last_limit is not None
+            and decision.reason is Reason.COUNTED
+            and decision.pending is not None
+            and int(decision.pending) < last_limit
+        ):
+            self.last_row.inc()
 
     def observe_start(self, request: Any, now: float | None = None) -> None:
         """Record one task's queue wait from its request's router headers."""

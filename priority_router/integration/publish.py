@@ -33,7 +33,7 @@ from celery import Celery
 from .. import headers as H
 from ..decision import Decision, Reason
 from ..store.client_ids import normalize_client_id
-from ..thresholds import is_priority
+from ..thresholds import DEFAULT_THRESHOLDS, is_priority, table_name
 from .brokers import Transport, from_wire, to_wire
 from .celery_internals import tasks_running
 from .consumers import ConsumerWatch
@@ -106,6 +106,8 @@ class PublishReceiver:
         self._getter = config.client_id_getter
         self._cost_getter = config.cost_getter
         self._annotate = config.flower_kwargsrepr
+        #: The table's name in Flower, when it is not the scheme's.
+        self._table = None if config.thresholds == DEFAULT_THRESHOLDS else table_name(config.thresholds)
         self._default_priority = config.default_priority
         self.dry_run = config.dry_run
         self._inflight = config.mode == "inflight"
@@ -259,7 +261,9 @@ class PublishReceiver:
         if self._inflight and decision.pending is not None and decision.reason is not Reason.INHERITED:
             headers[H.INFLIGHT] = True  # counted in the in-flight list: the worker ends it
         if self._annotate and isinstance(headers.get("kwargsrepr"), str):
-            headers["kwargsrepr"] = annotate_kwargsrepr(headers["kwargsrepr"], decision, self.dry_run)
+            headers["kwargsrepr"] = annotate_kwargsrepr(
+                headers["kwargsrepr"], decision, self.dry_run, self._table
+            )
         if self._on_decision is not None:
             self._on_decision(decision)
 

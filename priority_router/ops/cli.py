@@ -32,6 +32,7 @@ from ..router import PriorityRouter, installed_router
 from ..store.counter import Counter, CounterState
 from ..store.gate import describe_held, held_by
 from ..store.inflight import InflightCounter
+from ..thresholds import table_name
 from ..tiers import Tier
 from .cli_context import (
     TIERS_OFF_NOTE,
@@ -51,6 +52,8 @@ from .cli_context import (
     store_options,
 )
 from .migration import Target
+from .saturation import describe as describe_saturation
+from .saturation import saturation
 from .simulate import simulate
 from .tier_cli import tier
 
@@ -66,6 +69,7 @@ def _row(router: PriorityRouter, state: CounterState) -> dict[str, Any]:
         "priority": router.policy.priority_for(int(state.pending)),
         "seconds_since_update": round(interval - ttl, 3) if ttl is not None else None,
         "seconds_until_reset": round(ttl, 3) if ttl is not None else None,
+        "tracked": ttl is not None,
         **({"in_flight": 1 - state.pending if ttl is not None else 0} if router.inflight is not None else {}),
     }
 
@@ -92,10 +96,11 @@ def status(ctx: click.Context, as_json: bool, app_name: str | None, limit: int |
         fail(f"cannot read {redact_url(router.config.redis_url)}: {exc}")
     rows.sort(key=lambda r: (r["priority"], -r["pending"], r["client_id"]))
     tracked = len(rows)
+    saturated = saturation(router.policy, ((r["client_id"], r["pending"]) for r in rows if r["tracked"]))
     if limit is not None:
         rows = rows[:limit]
     if as_json:
-        emit_json(rows)
+        emit_json([{k: v for k, v in r.items() if k != "tracked"} for r in rows])
         return
     table = Table(title=f"priority-router clients at {redact_url(router.config.redis_url)}")
     inflight = router.inflight is not None
@@ -120,7 +125,14 @@ def status(ctx: click.Context, as_json: bool, app_name: str | None, limit: int |
         )
     print_table(table)
     shown = f", {len(rows)} shown" if len(rows) < tracked else ""
-    console.print(f"{tracked} client(s) tracked in the {router.config.mode} mode{shown}")
+    table_text = table_name(router.policy)
+    console.print(
+        f"{tracked} client(s) tracked in the {router.config.mode} mode{shown}; threshold table: "
+        f"{escape(table_text)}"
+    )
+    if saturated is not None:
+        problem, fix = describe_saturation(saturated, router.policy, router.config.mode)
+        console.print(f"[yellow]{escape(problem)}.[/] Fix: {escape(fix)}")
     if not tracked and app_name_of(ctx, app_name) is None:
         other = "seed" if inflight else "inflight"
         console.print(f"(a router in the {other} mode keeps other keys: add --mode {other}, or -A your app)")
@@ -153,8 +165,8 @@ def inspect(ctx: click.Context, client: str, as_json: bool, app_name: str | None
     except Exception as exc:
         fail(f"cannot read {redact_url(router.config.redis_url)}: {exc}")
     row = _row(router, state)
-    row["tracked"] = state.ttl_ms is not None
     row["key"] = state.key
+    row["thresholds"] = table_name(router.policy)
     try:
         row["tier"], applied = _tier_in_effect(router, state.client_id)
     except CounterUnavailable as exc:

@@ -49,7 +49,10 @@ from ..store.client_ids import glob_escape
 from ..store.connection import is_cluster
 from ..store.gate import GateState
 from ..store.schema import SCHEMA, SchemaMismatch
+from ..thresholds import table_name
 from .queues import unpriced_waiting
+from .saturation import describe as describe_saturation
+from .saturation import saturation
 
 #: Seconds after which a document still held with no limit anywhere is stranded: router
 #: workers release such documents within a few seconds.
@@ -477,6 +480,25 @@ def _check_counter(app: Celery, transport: Transport) -> Iterator[Finding]:
         yield Finding("schema", False, exc.problem, exc.fix)
     else:
         yield Finding("schema", True, f"the store at {where} is laid out by schema {SCHEMA}, this release's")
+    yield _check_table(router)
+
+
+def _check_table(router: PriorityRouter) -> Finding:
+    """Whether two or more clients share the threshold table's last row (served FIFO among them)."""
+    policy = router.policy
+    found = saturation(
+        policy, ((s.client_id, s.pending) for s in router.store.scan() if s.ttl_ms is not None)
+    )
+    if found is not None:
+        problem, fix = describe_saturation(found, policy, router.config.mode)
+        return Finding("threshold table", False, f"{table_name(policy)}: {problem}", fix)
+    last = policy.thresholds[0]
+    return Finding(
+        "threshold table",
+        True,
+        f"{table_name(policy)}: no two clients share its last row (pending < {last.below}, "
+        f"priority {last.priority})",
+    )
 
 
 def _check_consumers(app: Celery, transport: Transport) -> Iterator[Finding]:

@@ -258,3 +258,32 @@ def test_the_app_option_goes_before_or_after_the_subcommand(
         assert [r["client_id"] for r in json.loads(result.output)] == ["via-app"]
     missing = runner.invoke(main, ["doctor"])
     assert missing.exit_code == 2 and "Missing option '-A'" in missing.output
+
+
+def test_status_and_inspect_name_the_table_and_say_when_clients_share_its_last_row(
+    cli: Callable[..., Result], router: PriorityRouter, counter_url: str, key_prefix: str
+) -> None:
+    alone = cli("status")
+    assert alone.exit_code == 0, alone.output
+    assert "threshold table: default" in alone.output
+    assert "last row" not in alone.output  # bulk is there alone
+    for _ in range(40):
+        router.record("medium")
+    shared = cli("status")
+    assert shared.exit_code == 0, shared.output
+    text = " ".join(shared.output.split())
+    assert "2 clients (bulk, medium) share the table's last row (pending < -20, priority 9)" in text
+    assert "67 documents counted" in text
+    assert 'thresholds="wide"' in text and "simulate TRACE --thresholds wide" in text
+    # PRIORITY_ROUTER_THRESHOLDS=wide: the same counts are far from its last row.
+    runner = CliRunner()
+    args = ["--redis-url", counter_url, "--key-prefix", key_prefix]
+    wide = runner.invoke(main, [*args, "status"], env={"PRIORITY_ROUTER_THRESHOLDS": "wide"})
+    assert wide.exit_code == 0, wide.output
+    assert "threshold table: wide" in wide.output and "last row" not in wide.output
+    row = json.loads(
+        runner.invoke(
+            main, [*args, "inspect", "medium", "--json"], env={"PRIORITY_ROUTER_THRESHOLDS": "wide"}
+        ).output
+    )
+    assert (row["pending"], row["priority"], row["thresholds"]) == (-44, 4, "wide")

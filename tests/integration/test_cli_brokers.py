@@ -232,3 +232,31 @@ def test_doctor_flags_a_cap_that_can_never_bite_and_documents_held_past_max_wait
     assert "1 document(s) are still held although no client has limits, the oldest for 4" in finding["detail"]
     assert "start one worker with this release's router" in finding["fix"]
     assert code == 1
+
+
+def test_doctor_says_when_clients_share_the_tables_last_row(
+    app_module: AppFactory, redis_server_url: str, key_prefix: str
+) -> None:
+    from support.services import counter_db_url
+
+    from priority_router import PriorityRouter
+
+    name = app_module(broker_db_url(redis_server_url), f"q-{uuid.uuid4().hex[:8]}")
+    router = PriorityRouter(redis_url=counter_db_url(redis_server_url), key_prefix=key_prefix)
+    for client in ("bulk", "partner"):
+        for _ in range(25):
+            router.record(client)
+    code, findings = invoke("doctor", "-A", name)
+    (table,) = [f for f in findings if f["check"] == "threshold table"]
+    assert code == 1
+    assert not table["ok"]
+    assert table["detail"].startswith("default: 2 clients (bulk, partner) share the table's last row")
+    assert 'thresholds="wide"' in table["fix"]
+    # The same app with the Celery setting priority_router_thresholds = "wide".
+    wide = app_module(
+        broker_db_url(redis_server_url), f"q-{uuid.uuid4().hex[:8]}", {"priority_router_thresholds": "wide"}
+    )
+    _, findings = invoke("doctor", "-A", wide)
+    (table,) = [f for f in findings if f["check"] == "threshold table"]
+    assert table["ok"]
+    assert table["detail"] == "wide: no two clients share its last row (pending < -4184, priority 9)"
