@@ -246,12 +246,11 @@ def test_doctor_says_when_clients_share_the_tables_last_row(
     for client in ("bulk", "partner"):
         for _ in range(25):
             router.record(client)
-    code, findings = invoke("doctor", "-A", name)
+    _, findings = invoke("doctor", "-A", name)
     (table,) = [f for f in findings if f["check"] == "threshold table"]
-    assert code == 1
-    assert not table["ok"]
+    assert table["ok"]  # said, not failed: a busy hour is not a broken deployment
     assert table["detail"].startswith("default: 2 clients (bulk, partner) share the table's last row")
-    assert 'thresholds="wide"' in table["fix"]
+    assert 'thresholds="wide"' in table["detail"]
     # The same app with the Celery setting priority_router_thresholds = "wide".
     wide = app_module(
         broker_db_url(redis_server_url), f"q-{uuid.uuid4().hex[:8]}", {"priority_router_thresholds": "wide"}
