@@ -155,9 +155,10 @@ class RouterConfig:
         None, "The port on which each worker serves Prometheus metrics; implies `metrics`.", _or_none(_whole)
     )
     consumer_check_interval: float = setting(
-        60.0,
+        0.0,
         "Seconds between a publisher's checks that every worker consuming its queues can see "
-        "every priority it sends; 0 turns the check off.",
+        "every priority it sends (each a broadcast to every worker); 0, the default, leaves the "
+        "check to each router worker's start and `doctor`.",
         _seconds,
     )
     dry_run: bool = setting(

@@ -64,6 +64,10 @@ def blind_workers(
     wanted = None if queues is None else set(queues)
     found = []
     for worker, consumed in sorted(active.items()):
+        if transport is Transport.REDIS and worker not in confs:
+            # It answered one inspection but not the other in time (a busy worker): what it
+            # polls is unknown, and a guess would call a router worker blind.
+            continue
         for queue in consumed or ():
             name = queue.get("name")
             if not isinstance(name, str) or (wanted is not None and name not in wanted):
@@ -104,6 +108,27 @@ def _blindness(
             "is served in arrival order",
         )
     return None
+
+
+def check_at_start(app: Celery, transport: Transport, queues: Iterable[str], hostname: str) -> None:
+    """A router worker's one look, as it starts, at the other workers consuming its queues
+    (one broadcast per worker start, in a daemon thread): each blind one is a WARNING."""
+
+    def look() -> None:
+        try:
+            found = blind_workers(app, transport, set(queues)) or []
+        except Exception:
+            logger.debug("priority-router could not inspect the workers", exc_info=True)
+            return
+        for blind in found:
+            if blind.worker != hostname:  # itself: it runs the router
+                logger.warning(
+                    "priority-router: %s, because that worker runs without priority-router. Fix: %s",
+                    blind.detail,
+                    FIX,
+                )
+
+    threading.Thread(target=look, name="priority-router-worker-check", daemon=True).start()
 
 
 _watches: weakref.WeakSet[ConsumerWatch] = weakref.WeakSet()

@@ -38,6 +38,7 @@ from ..redact import redact_url
 from ..thresholds import table_name
 from .brokers import Transport, from_wire, transport_of
 from .celery_settings import Change, apply_changes, describe, first_time, wanted_changes, warn_kept
+from .consumers import check_at_start
 from .endings import watch_endings
 from .gate import start_gate, watch_gate
 from .installation import ATTRIBUTE, Installation, installation_of
@@ -315,10 +316,14 @@ def _on_worker_ready(sender: Any = None, **_: Any) -> None:
     if found is None:
         return
     app, installation = found
-    if installation.receiver.transport is not None:
-        _say_started(app, installation, installation.receiver.transport)
+    transport = installation.receiver.transport
+    if transport is not None:
+        _say_started(app, installation, transport)
     if installation.router.config.dry_run:
         return
+    if transport is not None:
+        queues = getattr(getattr(sender, "task_consumer", None), "queues", None) or []
+        check_at_start(app, transport, [q.name for q in queues], getattr(sender, "hostname", ""))
     if installation.gate is None:
         pool = installation.pool
         installation.gate = start_gate(app, installation.router, sender, pool.concurrency if pool else 1)

@@ -221,3 +221,32 @@ def test_doctor_fails_when_the_counter_store_is_down(load: Loader) -> None:
     assert doctor.exit_code == 1
     finding = next(f for f in json.loads(doctor.output) if f["check"] == "counter store")
     assert not finding["ok"] and "does not answer" in finding["detail"]
+
+
+@pytest.mark.parametrize("broker_url", ["redis"], indirect=True)
+def test_a_router_worker_finds_a_blind_worker_on_its_queue_as_it_starts_and_never_a_router_one(
+    worker_env: dict[str, str],
+) -> None:
+    """Publishers broadcast nothing by default: each router worker looks once as it starts."""
+
+    def hostname(worker: Worker) -> str:
+        args = list(worker.process.args)  # type: ignore[arg-type]
+        return str(args[args.index("--hostname") + 1]).split("@")[0]
+
+    def warnings(worker: Worker) -> list[str]:
+        return [line for line in worker.output().splitlines() if "without priority-router" in line]
+
+    with (
+        running_worker(worker_env, "--pool", "solo", app="shapes.plainworker") as plain,
+        running_worker(worker_env, "--pool", "threads", "-c", "2", app="shapes.docworker") as first,
+        running_worker(worker_env, "--pool", "threads", "-c", "2", app="shapes.docworker") as second,
+    ):
+        deadline = time.monotonic() + 30
+        while not (warnings(first) and warnings(second)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(1)
+        for router_worker in (first, second):
+            (said,) = warnings(router_worker)
+            assert f"worker {hostname(plain)}@" in said, said
+            assert worker_env["DOCUMENT_QUEUE"] in said and "install the router in that worker's app" in said
+            assert hostname(first) not in said and hostname(second) not in said
