@@ -6,8 +6,9 @@ Each row installs the package with that row's pins, first without its dev depend
 (what a user's ``pip install`` gets must import the Redis transport, and ``pip check``
 must pass), then with them, and runs the tests.  ``oldest`` is the floor of every range
 pyproject.toml declares for Celery, kombu and redis-py; ``celery-5.X`` the newest patch
-of that minor; ``newest`` whatever PyPI serves now, on RabbitMQ too (the others deselect
-the ``rabbitmq`` tests).  ``refused`` checks that pip refuses what pyproject.toml leaves
+of that minor (``celery-5.5`` as a project pinned on it installs the router: its pins in a
+constraints file, on RabbitMQ too); ``newest`` whatever PyPI serves now, on RabbitMQ too
+(the others deselect the ``rabbitmq`` tests).  ``refused`` checks that pip refuses what pyproject.toml leaves
 out.  The services are those of ``make test`` (tests/support/services.py).
 
 ``nox -s celery-5.6`` runs one row; ``nox -- -x`` passes options to pytest.  The last
@@ -41,6 +42,8 @@ class Row:
     pins: tuple[str, ...]
     markers: str = REDIS_ONLY
     why: str = ""
+    #: Pins given to pip as a constraints file (``-c``), as a project that pins them does.
+    constraints: tuple[str, ...] = ()
 
     @property
     def brokers(self) -> str:
@@ -48,16 +51,24 @@ class Row:
 
 
 ROWS = (
-    Row("oldest", ("celery==5.4.0", "kombu[redis]==5.7.0", "redis[hiredis]==6.4.0"), why="every floor"),
+    Row("oldest", ("celery==5.4.0", "kombu==5.5.2", "redis[hiredis]==6.4.0"), why="every floor"),
     Row("celery-5.4", ("celery==5.4.*",)),
+    Row(
+        "celery-5.5",
+        (),
+        markers=ALL_BROKERS,
+        why="a project's pins as a constraints file; kombu 5.5, the router degraded",
+        constraints=("celery==5.5.*", "kombu==5.5.*"),
+    ),
     Row("celery-5.6", ("celery==5.6.*",)),
     Row("celery-5.7", ("celery==5.7.*",)),
     Row("newest", ("--upgrade", "celery", "kombu[redis]", "redis[hiredis]"), markers=ALL_BROKERS),
 )
 #: What pyproject.toml leaves out, each with the reason: pip must refuse to install it.
 REFUSED = (
-    ("celery==5.5.*", "Celery 5.5 pins kombu<5.6"),
-    ("kombu==5.6.*", "kombu before 5.7: about one document a second on a threads worker"),
+    ("celery==5.3.*", "below the floor: never tested"),
+    ("celery[redis]==5.5.*", "its kombu[redis] 5.5 caps redis-py at 5.2.1, below 6.4"),
+    ("kombu==5.4.*", "below Celery 5.5's floor (5.5.2): never tested"),
     ("redis==6.3.*", "kombu 5.7's Redis transport wants redis-py 6.4"),
 )
 #: What a user's install must import: the router, its CLI and kombu's Redis transport.
@@ -87,10 +98,15 @@ def _counts(junit: Path) -> dict[str, int]:
 def _session(row: Row) -> None:
     def run(session: nox.Session) -> None:
         started = time.monotonic()
-        session.install(".", *row.pins)
+        pins = row.pins
+        if row.constraints:
+            constraints = Path(session.create_tmp()) / "constraints.txt"
+            constraints.write_text("\n".join(row.constraints) + "\n")
+            pins = (*pins, "-c", str(constraints))
+        session.install(".", *pins)
         session.run("python", "-c", IMPORTS)
         session.run("python", "-m", "pip", "check")
-        session.install("-e", ".[dev]", *row.pins)
+        session.install("-e", ".[dev]", *pins)
         versions = _versions(session)
         session.log(f"{row.name}: " + ", ".join(f"{k} {v}" for k, v in versions.items()))
         junit = Path(session.create_tmp()) / "junit.xml"
@@ -113,7 +129,9 @@ def _session(row: Row) -> None:
             }
             (RESULTS / f"{row.name}.json").write_text(json.dumps(result) + "\n")
 
-    run.__doc__ = f"{', '.join(row.pins)}; brokers: {row.brokers}" + (f" ({row.why})" if row.why else "")
+    run.__doc__ = f"{', '.join(row.pins + row.constraints)}; brokers: {row.brokers}" + (
+        f" ({row.why})" if row.why else ""
+    )
     nox.session(name=row.name)(run)
 
 
@@ -124,9 +142,19 @@ for _row in ROWS:
 @nox.session
 def refused(session: nox.Session) -> None:
     """pip refuses the releases pyproject.toml leaves out."""
+    # An older pip backtracks into ancient source distributions and fails building one.
+    session.install("--upgrade", "pip")
     for pin, why in REFUSED:
         session.log(f"{pin}: must be refused ({why})")
-        session.run("python", "-m", "pip", "install", "--dry-run", "--quiet", ".", pin, success_codes=[1])
+        out = session.run(
+            "python", "-m", "pip", "install", "--dry-run", ".", pin, success_codes=[1], silent=True
+        )
+        said = str(out)
+        if "ResolutionImpossible" not in said or "priority-router" not in said:
+            session.error(f"{pin}: pip failed otherwise than by refusing:\n{said[-3000:]}")
+        session.log(
+            next((line for line in said.splitlines() if "priority-router" in line and "depends" in line), "")
+        )
 
 
 @nox.session(python=False)

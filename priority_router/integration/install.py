@@ -28,6 +28,7 @@ import threading
 import weakref
 from typing import TYPE_CHECKING, Any
 
+import kombu
 from celery import Celery
 from celery.signals import before_task_publish, celeryd_init, task_received, worker_init, worker_ready
 
@@ -42,6 +43,7 @@ from .consumers import check_at_start
 from .endings import watch_endings
 from .gate import start_gate, watch_gate
 from .installation import ATTRIBUTE, Installation, installation_of
+from .old_kombu import FIX, shortfalls, watch_old_kombu
 from .pools import pool_of_options, pool_of_worker
 from .publish import PublishReceiver
 from .publisher_pause import PublishPause
@@ -179,6 +181,7 @@ def _settle(app: Celery, installation: Installation, publisher: bool = False) ->
             receiver.use(router.config)
     if not router.config.dry_run:
         watch_gate(app)  # documents over their client's limits wait, on workers
+        watch_old_kombu(app)  # a threads worker's loop woken on a kombu before 5.7
     watch_endings()  # the end of each counted or gated document, on workers
     typos = unknown_celery_settings(app.conf)
     if typos and first_time(warned, "typos"):
@@ -309,6 +312,15 @@ def _say_started(app: Celery, installation: Installation, transport: Transport) 
         conf.task_acks_late,
         f", max_connections={options['max_connections']}" if "max_connections" in options else "",
     )
+    lacking = shortfalls(transport, installation.pool)
+    if lacking:
+        logger.warning(
+            "priority-router: kombu %s is older than 5.7, so this worker runs degraded: %s. For the full "
+            "behaviour: %s",
+            kombu.__version__,
+            "; ".join(lacking),
+            FIX,
+        )
 
 
 def _on_worker_ready(sender: Any = None, **_: Any) -> None:

@@ -30,6 +30,8 @@ from ..integration.celery_internals import priority_list
 from ..integration.celery_settings import COSTS, REDIS_PRIORITY_STEPS, Change, describe, wanted_changes
 from ..integration.consumers import FIX, blind_workers
 from ..integration.install import STOPGAP, applied_settings, unpriced_effect
+from ..integration.old_kombu import FIX as KOMBU_FIX
+from ..integration.old_kombu import shortfalls
 from ..integration.pools import WorkerPool, pool_named, pool_of_stats
 from ..integration.rabbitmq import (
     QUORUM_DETECTION_FIX,
@@ -61,9 +63,6 @@ STRANDED_AFTER = 30.0
 STALL_RECHECK = 2.5
 
 
-#: kombu before 5.7: a threads worker at prefetch 1 starts its next document only when its
-#: event loop wakes on its own, and (before 5.4) a restored unacked message loses its priority.
-MIN_KOMBU = (5, 7)
 DEFAULT_VISIBILITY_TIMEOUT = 3600
 
 
@@ -91,6 +90,7 @@ def diagnose(app: Celery, pool: WorkerPool | None = None) -> list[Finding]:
         pool, said = _pool_to_check(app, stats())
         findings.append(said)
     checks["prefetch"] = functools.partial(_check_prefetch, pool=pool)
+    checks["kombu"] = functools.partial(_check_kombu, pool=pool)
     checks["limits"] = functools.partial(_check_limits, pool=pool, stats=stats)
     for name, check in checks.items():
         try:
@@ -137,17 +137,15 @@ def _not_applied(check: str, change: Change) -> Finding:
     return Finding(check, True, f"dry run, so not applied yet: switched on, install() sets {change}")
 
 
-def _check_kombu(app: Celery, transport: Transport) -> Iterator[Finding]:
-    version = tuple(int(p) for p in re.findall(r"\d+", kombu.__version__)[:2])
-    if version < MIN_KOMBU:
-        yield Finding(
-            "kombu",
-            False,
-            f"kombu {kombu.__version__} is older than priority-router supports: a threads worker at "
-            "prefetch 1 runs about one document a second, and before 5.4 a redelivered message "
-            "loses its priority",
-            "upgrade: pip install 'kombu[redis]>=5.7'",
+def _check_kombu(app: Celery, transport: Transport, pool: WorkerPool | None = None) -> Iterator[Finding]:
+    """A kombu before 5.7 works, degraded on Redis (``integration/old_kombu.py``): said, not
+    failed."""
+    lacking = shortfalls(transport, pool)
+    if lacking:
+        detail = f"kombu {kombu.__version__}, older than 5.7: supported, degraded ({pool}): " + "; ".join(
+            lacking
         )
+        yield Finding("kombu", True, detail, f"for the full behaviour: {KOMBU_FIX}")
     else:
         yield Finding("kombu", True, f"kombu {kombu.__version__}")
 

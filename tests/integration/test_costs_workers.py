@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from celery import Celery
+from support.celery_versions import skip_without_fast_redelivery
 from support.services import FAST_REDELIVERY, close_app, kill_worker_mid_work, running_worker
 
 from priority_router import PriorityRouter
@@ -71,6 +72,7 @@ def test_the_cost_getter_prices_documents_and_the_header_carries_it(worker_env: 
 def test_inflight_costs_return_to_zero_after_every_end_even_a_killed_workers(
     producer: Callable[[], Celery], worker_env: dict[str, str]
 ) -> None:
+    skip_without_fast_redelivery(worker_env["BROKER_URL"])
     env = {**worker_env, "PRIORITY_ROUTER_MODE": "inflight"}
     if worker_env["BROKER_URL"].startswith("redis"):
         env["BROKER_TRANSPORT_OPTIONS"] = FAST_REDELIVERY

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from celery import Celery
 from support.broker import drain
+from support.celery_versions import skip_without_fast_redelivery
 from support.services import (
     COUNTER_DB,
     FAST_REDELIVERY,
@@ -170,6 +171,7 @@ def test_a_killed_worker_loses_no_document(
     producer: Callable[[], Celery], worker_env: dict[str, str]
 ) -> None:
     env = dict(worker_env)
+    skip_without_fast_redelivery(worker_env["BROKER_URL"])
     redis_broker = worker_env["BROKER_URL"].startswith("redis")
     if redis_broker:
         # Redelivered after 3 s instead of an hour; swept every second instead of ~100 s.

@@ -12,6 +12,7 @@ import pytest
 import redis
 from celery import Celery
 from celery.exceptions import TimeLimitExceeded, WorkerLostError
+from support.celery_versions import skip_without_fast_redelivery
 from support.services import FAST_REDELIVERY, free_port, kill_worker_mid_work, running_worker
 
 from priority_router import PriorityRouter
@@ -142,6 +143,7 @@ def test_ends_a_stalled_store_missed_are_sent_again(
 def test_a_killed_workers_documents_are_ended_exactly_once(
     producer: Callable[[], Celery], worker_env: dict[str, str]
 ) -> None:
+    skip_without_fast_redelivery(worker_env["BROKER_URL"])
     env = _env(worker_env)
     if worker_env["BROKER_URL"].startswith("redis"):
         env["BROKER_TRANSPORT_OPTIONS"] = FAST_REDELIVERY
