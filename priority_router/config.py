@@ -133,7 +133,8 @@ class RouterConfig:
     )
     tasks: tuple[str, ...] | None = setting(
         None,
-        "Task names or globs whose publishes are counted (comma-separated as text); None counts every task.",
+        "Task names or globs whose publishes are counted (a string is split at commas: "
+        "`docs.*,billing.*`); None counts every task.",
         _or_none(_names),
     )
     connect_timeout: float = setting(
@@ -392,12 +393,20 @@ def _tasks(value: object) -> tuple[str, ...] | None:
     if value is None:
         return None
     if isinstance(value, str):
-        value = [value]  # one name or glob, not a sequence of one-letter patterns
+        # Split at commas as the environment variable is, not into one-letter patterns.
+        names = _names(value, "tasks")
+        if names is None:
+            raise ConfigurationError(
+                "tasks", f"{value!r} names no task", "pass None to count every task, or names or globs"
+            )
+        return names
     if isinstance(value, Iterable):
         value = list(value)
     if not isinstance(value, list) or not all(isinstance(t, str) and t for t in value):
         raise ConfigurationError(
-            "tasks", f"{value!r} is not a list of task names", "pass names or globs, e.g. ['docs.*']"
+            "tasks",
+            f"{value!r} is not a list of task names",
+            "pass names or globs, e.g. ['docs.*'] or 'docs.*,billing.*'",
         )
     return tuple(value)
 

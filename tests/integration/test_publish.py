@@ -126,3 +126,27 @@ def test_a_tier_set_at_run_time_changes_the_wire_priority_and_is_named(
         ],
         key=str,
     )
+
+
+@pytest.mark.parametrize("source", ["keyword", "environment", "celery setting"])
+def test_a_tasks_string_names_the_same_patterns_from_every_source(
+    worker_env: dict[str, str], source: str
+) -> None:
+    """``tasks="docs.*,billing.*"`` counts both, as the variable and the Celery setting do."""
+    from workers.app import create_app
+
+    text = "docs.*,billing.*"
+    env = {**worker_env, "WORKERS_ROUTER": "off"}
+    if source == "environment":
+        env["PRIORITY_ROUTER_TASKS"] = text
+    app = create_app(env)
+    if source == "celery setting":
+        app.conf.priority_router_tasks = text
+    PriorityRouter.from_env(env, tasks=text if source == "keyword" else None).install(app)
+    try:
+        for task in ("docs.ocr", "billing.invoice", "mail.send"):
+            app.send_task(task, headers={"client_id": "acme"})
+        reasons = {m.headers["task"]: m.headers[H.REASON] for m in drain(app, env["DOCUMENT_QUEUE"], 3)}
+    finally:
+        close_app(app)
+    assert reasons == {"docs.ocr": "counted", "billing.invoice": "counted", "mail.send": "not-counted"}

@@ -1,4 +1,6 @@
+import fakeredis
 import pytest
+from celery import Celery
 
 from priority_router import ConfigurationError, PriorityRouter, RouterConfig
 
@@ -96,10 +98,21 @@ def test_sentinel_and_tls_urls_are_accepted() -> None:
         assert RouterConfig(redis_url=url).redis_url == url
 
 
-def test_a_string_tasks_setting_is_one_pattern() -> None:
+def test_a_string_tasks_setting_is_split_at_commas_wherever_it_is_given() -> None:
     assert PriorityRouter(tasks="docs.process").config.tasks == ("docs.process",)
     assert RouterConfig(tasks="docs.*").tasks == ("docs.*",)
     assert RouterConfig(tasks=(t for t in ["a", "b"])).tasks == ("a", "b")
+    text = " docs.*, billing.*,"
+    keyword = PriorityRouter(tasks=text, environ={}).config.tasks
+    environment = PriorityRouter(environ={"PRIORITY_ROUTER_TASKS": text}).config.tasks
+    app = Celery("tasks", broker="redis://127.0.0.1:1/0", set_as_current=False)
+    app.conf.priority_router_tasks = text
+    router = PriorityRouter(redis_client=fakeredis.FakeRedis(), environ={})
+    router.install(app)
+    assert app.conf.broker_url  # loads the configuration, which the router follows
+    assert keyword == environment == router.config.tasks == ("docs.*", "billing.*")
+    with pytest.raises(ConfigurationError, match="names no task"):
+        RouterConfig(tasks=" , ")
 
 
 def test_valid_urls_and_boundaries_are_accepted() -> None:
