@@ -320,15 +320,29 @@ def celery_values(conf: Mapping[str, Any]) -> dict[str, Any]:
     return found
 
 
-def unknown_celery_settings(conf: Mapping[str, Any]) -> list[str]:
-    """``priority_router_*`` keys in a Celery configuration that name no setting (typos)."""
-    known = {f.name for f in fields(RouterConfig)}
-    unknown = []
-    for key in conf:
-        lowered = str(key).lower()
-        if CELERY_PREFIX in lowered and lowered.split(CELERY_PREFIX, 1)[1] not in known:
-            unknown.append(str(key))
-    return sorted(unknown)
+def unknown_celery_settings(conf: Mapping[str, Any]) -> dict[str, str | None]:
+    """``priority_router_*`` keys in a Celery configuration that name no setting (typos),
+    each with the closest setting's name written as the key is (Django's ``CELERY_``
+    namespace, upper case: ``CELERY_PRIORITY_ROUTER_REDIS_URL``), or None."""
+    known = [f.name for f in fields(RouterConfig)]
+    unknown: dict[str, str | None] = {}
+    for key in sorted(map(str, conf)):
+        at = key.lower().find(CELERY_PREFIX)
+        if at < 0:
+            continue
+        name = key[at + len(CELERY_PREFIX) :].lower()
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            unknown[key] = written_as(key, close[0]) if close else None
+    return unknown
+
+
+def written_as(key: str, name: str) -> str:
+    """Setting ``name`` as the Celery key ``key`` is written: with its namespace, and upper
+    case when the key is (``CELERY_PRIORITY_ROUTER_MODE``, ``priority_router_mode``)."""
+    at = key.lower().find(CELERY_PREFIX)
+    head, setting = key[: max(at, 0)], celery_name(name)
+    return head + (setting.upper() if key[at:].isupper() else setting)
 
 
 def _parse(f: Field[Any], raw: str, where: str) -> Any:

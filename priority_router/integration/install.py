@@ -33,7 +33,7 @@ from celery import Celery
 from celery.signals import before_task_publish, celeryd_init, task_received, worker_init, worker_ready
 
 from .. import headers as H
-from ..config import celery_values, unknown_celery_settings
+from ..config import celery_values, unknown_celery_settings, written_as
 from ..errors import ConfigurationError
 from ..redact import redact_url
 from ..thresholds import table_name
@@ -186,9 +186,10 @@ def _settle(app: Celery, installation: Installation, publisher: bool = False) ->
     typos = unknown_celery_settings(app.conf)
     if typos and first_time(warned, "typos"):
         logger.warning(
-            "priority-router ignores %s: no such setting. Fix: use one of the names in "
-            "RouterConfig (priority_router_reset_interval, priority_router_key_prefix, ...)",
-            ", ".join(typos),
+            "priority-router ignores %s: no such setting. Fix: rename it to a setting of the "
+            "configuration reference (docs/configuration.md), written %s",
+            ", ".join(k if close is None else f"{k} (did you mean {close}?)" for k, close in typos.items()),
+            written_as(next(iter(typos)), "<name>"),
         )
     transport = transport_of(app)
     if transport is Transport.AMQP and router.config.max_wait is not None:
