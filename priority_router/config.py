@@ -316,8 +316,18 @@ def celery_values(conf: Mapping[str, Any]) -> dict[str, Any]:
     for f in fields(RouterConfig):
         value = conf.get(celery_name(f.name))
         if value is not None:
-            found[f.name] = _parse(f, value, celery_name(f.name)) if isinstance(value, str) else value
+            found[f.name] = _parse(f, value, celery_key(conf, f.name)) if isinstance(value, str) else value
     return found
+
+
+def celery_key(conf: Mapping[str, Any], name: str) -> str:
+    """Setting ``name``'s key in a Celery configuration as the user wrote it
+    (``CELERY_PRIORITY_ROUTER_MODE`` in a Django settings module), for messages."""
+    for key in map(str, conf):
+        at = key.lower().find(CELERY_PREFIX)
+        if at >= 0 and key[at + len(CELERY_PREFIX) :].lower() == name:
+            return key
+    return celery_name(name)
 
 
 def unknown_celery_settings(conf: Mapping[str, Any]) -> dict[str, str | None]:

@@ -155,10 +155,16 @@ class PriorityRouter:
         configure_apps(self)
         return self
 
-    def follow(self, celery_settings: Mapping[str, Any]) -> bool:
+    def follow(self, celery_settings: Mapping[str, Any], source: Callable[[str], str] = celery_name) -> bool:
         """Adopt an app's ``priority_router_*`` settings under the ones given to this router;
-        True when the configuration changed."""
-        config = RouterConfig.from_mapping({**celery_settings, **self._given}, celery_name)
+        True when the configuration changed.  A bad one raises :class:`ConfigurationError`
+        naming it by ``source(name)``, the key the app's configuration has it under."""
+        try:
+            config = RouterConfig.from_mapping({**celery_settings, **self._given}, source)
+        except ConfigurationError as exc:
+            if exc.setting in celery_settings and exc.setting not in self._given:
+                raise ConfigurationError(source(exc.setting), exc.problem, exc.fix) from None
+            raise
         if config == self.config:
             return False
         self._use(config)

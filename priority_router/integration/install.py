@@ -33,7 +33,7 @@ from celery import Celery
 from celery.signals import before_task_publish, celeryd_init, task_received, worker_init, worker_ready
 
 from .. import headers as H
-from ..config import celery_values, unknown_celery_settings, written_as
+from ..config import celery_key, celery_values, unknown_celery_settings, written_as
 from ..errors import ConfigurationError
 from ..redact import redact_url
 from ..thresholds import table_name
@@ -164,21 +164,12 @@ def settle(app: Celery) -> Transport | None:
 
 def _settle(app: Celery, installation: Installation, publisher: bool = False) -> Transport:
     router, receiver, warned = installation.router, installation.receiver, installation.warned
-    settings = celery_values(app.conf)
-    siblings = [installation_of(a) for a in list(_apps) if a is not app]
-    others = [i.celery_settings for i in siblings if i is not None and i.router is router]
-    if any(other is not None and other != settings for other in others):
-        if first_time(warned, "clash"):
-            logger.error(
-                "priority-router: one router is installed on apps whose priority_router_* settings "
-                "differ; it keeps those of the app it followed first, so %r is routed with "
-                "settings it did not ask for. Fix: create one PriorityRouter per app",
-                app,
-            )
-    else:
-        installation.celery_settings = settings
-        if router.follow(settings):
-            receiver.use(router.config)
+    try:
+        _follow_settings(app, installation)
+    except ConfigurationError as exc:
+        installation.settings_error = exc
+        raise
+    installation.settings_error = None
     if not router.config.dry_run:
         watch_gate(app)  # documents over their client's limits wait, on workers
         watch_old_kombu(app)  # a threads worker's loop woken on a kombu before 5.7
@@ -212,6 +203,37 @@ def _settle(app: Celery, installation: Installation, publisher: bool = False) ->
     default = app.conf.task_default_priority
     receiver.settled(transport, int(default) if str(default).isdigit() else None)
     return transport
+
+
+def _follow_settings(app: Celery, installation: Installation) -> None:
+    """Have the router follow the app's ``priority_router_*`` settings."""
+    router = installation.router
+    settings = celery_values(app.conf)
+    siblings = [installation_of(a) for a in list(_apps) if a is not app]
+    others = [i.celery_settings for i in siblings if i is not None and i.router is router]
+    if any(other is not None and other != settings for other in others):
+        if first_time(installation.warned, "clash"):
+            logger.error(
+                "priority-router: one router is installed on apps whose priority_router_* settings "
+                "differ; it keeps those of the app it followed first, so %r is routed with "
+                "settings it did not ask for. Fix: create one PriorityRouter per app",
+                app,
+            )
+    else:
+        installation.celery_settings = settings
+        if router.follow(settings, functools.partial(celery_key, app.conf)):
+            installation.receiver.use(router.config)
+
+
+def settings_error(app: Celery) -> ConfigurationError | None:
+    """Why the router installed on ``app`` cannot read the app's ``priority_router_*``
+    settings (its publishes then go out as plain Celery sends them), or None.  Loads the
+    app's configuration first, which settles the router on it."""
+    installation = installation_of(app)
+    if installation is None:
+        return None
+    app.conf.get("broker_url")  # the first read loads it; on_after_configure settles
+    return installation.settings_error
 
 
 def _apply(app: Celery, installation: Installation, transport: Transport, changes: list[Change]) -> None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ..errors import ConfigurationError
     from ..router import PriorityRouter
     from .gate import GateThread
     from .pools import WorkerPool
@@ -36,6 +37,9 @@ class Installation:
     pool: WorkerPool | None = None
     #: The values the router set in the app's configuration, by key: not the user's choice.
     applied: dict[str, object] = field(default_factory=dict)
+    #: Why the router could not read the app's ``priority_router_*`` settings when it
+    #: last settled on them (its publishes then go out unrouted), else None.
+    settings_error: ConfigurationError | None = None
 
 
 #: Where an app keeps its installation: read on every publish, so a plain attribute

@@ -364,7 +364,7 @@ def doctor(
     from .doctor import diagnose
 
     app_name = required_app(ctx, app_name)
-    app = load_app(app_name)
+    app = load_app(app_name, refuse_bad_settings=False)  # diagnose reports it
     worker_pool = None  # the live workers' pool, else the app's settings'
     if pool is not None or concurrency is not None:
         try:

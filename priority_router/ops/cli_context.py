@@ -18,6 +18,7 @@ from rich.table import Table
 
 from ..config import MODES, RouterConfig
 from ..errors import ConfigurationError
+from ..integration.install import settings_error
 from ..redact import redact_url
 from ..router import PriorityRouter, installed_router
 
@@ -98,15 +99,22 @@ def emit_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, default=str))
 
 
-def load_app(name: str) -> Any:
+def load_app(name: str, refuse_bad_settings: bool = True) -> Any:
+    """The Celery app ``-A name`` names.  A command refuses (exit 2) an app whose router cannot
+    read the app's settings, since it would run on the defaults instead (``doctor``, which
+    reports it, passes ``refuse_bad_settings=False``)."""
     from celery.app.utils import find_app
 
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
-        return find_app(name)
+        app = find_app(name)
     except Exception as exc:
         fail(f"cannot load the Celery app {name!r} ({exc}); pass -A module or module:attribute", 2)
+    error = settings_error(app) if refuse_bad_settings else None
+    if error is not None:
+        fail(f"the router on {name!r} cannot read the app's settings, so it routes nothing: {error}", 2)
+    return app
 
 
 def _after_subcommand(ctx: click.Context, param: click.Parameter, value: object) -> object:

@@ -29,7 +29,7 @@ from ..integration.brokers import AMQP_MAX_PRIORITY, Transport, transport_of
 from ..integration.celery_internals import priority_list
 from ..integration.celery_settings import COSTS, REDIS_PRIORITY_STEPS, Change, describe, wanted_changes
 from ..integration.consumers import FIX, blind_workers
-from ..integration.install import STOPGAP, applied_settings, unpriced_effect
+from ..integration.install import STOPGAP, applied_settings, settings_error, unpriced_effect
 from ..integration.old_kombu import FIX as KOMBU_FIX
 from ..integration.old_kombu import shortfalls
 from ..integration.pools import WorkerPool, pool_named, pool_of_stats
@@ -82,6 +82,18 @@ def diagnose(app: Celery, pool: WorkerPool | None = None) -> list[Finding]:
     (by default the pool the live workers report, else the app's ``worker_pool`` and
     ``worker_concurrency``)."""
     transport = transport_of(app)
+    unreadable = settings_error(app)
+    if unreadable is not None:
+        # The router routes nothing and set nothing: every other check would report that.
+        return [
+            Finding(
+                "router",
+                False,
+                f"installed, but it cannot read this app's settings, so it routes nothing and sets "
+                f"no Celery setting: {unreadable.setting}: {unreadable.problem}",
+                f"{unreadable.fix} (in {unreadable.setting}); the other checks run once it is fixed",
+            )
+        ]
     checks: dict[str, Check] = dict(_CHECKS)
     findings: list[Finding] = []
     # The workers are asked at most once (a broadcast that waits a second), when a check needs them.

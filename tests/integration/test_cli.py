@@ -287,3 +287,50 @@ def test_status_and_inspect_name_the_table_and_say_when_clients_share_its_last_r
         ).output
     )
     assert (row["pending"], row["priority"], row["thresholds"]) == (-44, 4, "wide")
+
+
+def test_a_bad_router_setting_stops_every_command_with_dash_a(
+    counter_url: str, key_prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, redis_server_url: str
+) -> None:
+    """A Django project's bad CELERY_PRIORITY_ROUTER_MODE: the commands refuse, naming it,
+    instead of reading the default store; doctor blames it and nothing else."""
+    from support.services import broker_db_url
+
+    def project(mode: str) -> None:
+        (tmp_path / "djsettings.py").write_text(
+            f"CELERY_BROKER_URL = {broker_db_url(redis_server_url)!r}\n"
+            f"CELERY_PRIORITY_ROUTER_REDIS_URL = {counter_url!r}\n"
+            f"CELERY_PRIORITY_ROUTER_KEY_PREFIX = {key_prefix!r}\n"
+            f"CELERY_PRIORITY_ROUTER_MODE = {mode!r}\n"
+        )
+        (tmp_path / "djapp.py").write_text(
+            "from celery import Celery\n"
+            "from priority_router import PriorityRouter\n"
+            "app = Celery('djapp', set_as_current=False)\n"
+            "PriorityRouter().install(app)\n"
+            "app.config_from_object('djsettings', namespace='CELERY')\n"
+        )
+        for name in ("djapp", "djsettings"):
+            sys.modules.pop(name, None)
+
+    monkeypatch.chdir(tmp_path)
+    PriorityRouter(redis_url=counter_url, key_prefix=key_prefix, mode="inflight").record("acme", "t1")
+    project("in-flight")
+    runner = CliRunner()
+    named = "CELERY_PRIORITY_ROUTER_MODE: 'in-flight' is not a counting mode. Fix: use one of seed, inflight"
+    for args in (["status"], ["inspect", "acme"], ["tier", "list"], ["queues"], ["reset", "acme", "--yes"]):
+        result = runner.invoke(main, ["-A", "djapp", *args])
+        assert result.exit_code == 2, (args, result.output)
+        assert named in result.stderr, (args, result.stderr)
+        assert "redis://localhost:6379/0" not in result.output
+    doctor = runner.invoke(main, ["-A", "djapp", "doctor", "--json"])
+    assert doctor.exit_code == 1
+    (finding,) = json.loads(doctor.stdout)
+    assert (finding["check"], finding["ok"]) == ("router", False)
+    assert "CELERY_PRIORITY_ROUTER_MODE: 'in-flight' is not a counting mode" in finding["detail"]
+    assert "use one of seed, inflight" in finding["fix"]
+
+    project("inflight")  # fixed: the app's own store, its valid settings and all
+    result = runner.invoke(main, ["-A", "djapp", "status", "--json"])
+    assert result.exit_code == 0, result.output
+    assert [(r["client_id"], r["in_flight"]) for r in json.loads(result.stdout)] == [("acme", 1)]
