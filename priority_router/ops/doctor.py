@@ -98,12 +98,14 @@ def diagnose(app: Celery, pool: WorkerPool | None = None) -> list[Finding]:
     findings: list[Finding] = []
     # The workers are asked at most once (a broadcast that waits a second), when a check needs them.
     stats = functools.cache(lambda: _worker_stats(app))
+    given = pool
     if pool is None:
         pool, said = _pool_to_check(app, stats())
         findings.append(said)
     checks["prefetch"] = functools.partial(_check_prefetch, pool=pool)
     checks["kombu"] = functools.partial(_check_kombu, pool=pool)
-    checks["limits"] = functools.partial(_check_limits, pool=pool, stats=stats)
+    # Caps are checked against the workers answering, else the pool given: never a guess.
+    checks["limits"] = functools.partial(_check_limits, pool=given, stats=stats)
     for name, check in checks.items():
         try:
             findings.extend(check(app, transport))
@@ -569,11 +571,22 @@ def _check_limits(
                 "start one worker with this release's router until `priority-router status` shows none held",
             )
         return
-    slots, whose = _pool_slots(stats() if stats is not None else _worker_stats(app), pool)
+    answering = stats() if stats is not None else _worker_stats(app)
+    slots, whose = _pool_slots(answering, pool)
+    if held and not answering:
+        yield Finding(
+            "held",
+            False,
+            f"{sum(s.held for s in held.values())} document(s) are held by caps and no worker "
+            "answered (inspect stats, 1 s): only workers with the router release them",
+            "start the workers, with the router installed; `priority-router status` shows what is held",
+        )
+    capped = False
     for client, limits in sorted(clients.items()) + (
         [("every client without a tier", default)] if default else []
     ):
         cap = limits.max_in_flight
+        capped = capped or cap is not None
         if cap is not None and slots is not None and cap >= slots:
             name = client if client.startswith("every client") else repr(client)
             yield Finding(
@@ -601,7 +614,14 @@ def _check_limits(
     shown = f"{len(clients)} client(s) with limits" + (f", default {default.describe()}" if default else "")
     if held:
         shown += f", {sum(s.held for s in held.values())} document(s) held now"
-    yield Finding("limits", True, f"{shown}; pool {slots if slots is not None else '?'} slot(s) ({whose})")
+    if capped and slots is None:
+        shown += (
+            "; the caps could not be checked against the pool: no worker answered and no -P/-c "
+            "was given (pass them as the workers are started, or run doctor while they run)"
+        )
+    elif slots is not None:
+        shown += f"; pool {slots} slot(s) ({whose})"
+    yield Finding("limits", True, shown)
 
 
 def _stalled(router: PriorityRouter, held: Mapping[str, GateState]) -> Iterator[Finding]:

@@ -259,3 +259,36 @@ def test_doctor_says_when_clients_share_the_tables_last_row(
     (table,) = [f for f in findings if f["check"] == "threshold table"]
     assert table["ok"]
     assert table["detail"] == "wide: no two clients share its last row (pending < -4184, priority 9)"
+
+
+def test_doctor_without_a_worker_or_pool_blames_the_held_documents_not_a_guessed_pool(
+    app_module: AppFactory, broker_url: str, counter_url: str, key_prefix: str
+) -> None:
+    """No worker answers and no -P/-c: the cap is not measured against the app's default
+    pool (2 slots here would have failed it); the documents held with no worker are the problem."""
+    from priority_router import PriorityRouter
+
+    # Its own control exchange: no worker of another test session answers its broadcasts.
+    alone = {"worker_concurrency": 2, "control_exchange": f"alone-{uuid.uuid4().hex[:8]}"}
+    name = app_module(broker_url, f"q-{uuid.uuid4().hex[:8]}", alone)
+    router = PriorityRouter(counter_url, key_prefix=key_prefix)
+    router.set_tier("bulk", max_in_flight=2)
+    limits = router.limits("bulk")
+    for task in ("r1", "r2", "h1", "h2"):
+        verdict = router.gate_store.admit("bulk", task, limits, 1000)
+    assert verdict.outcome == "held"
+    router.gate_store.note_held("bulk", verdict)
+
+    code, findings = invoke("doctor", "-A", name)
+    assert failed(findings) == {"held"}, findings
+    assert code == 1
+    (held,) = [f for f in findings if f["check"] == "held"]
+    assert held["detail"].startswith("2 document(s) are held by caps and no worker answered")
+    assert "start the workers" in held["fix"]
+    (limits_row,) = [f for f in findings if f["check"] == "limits"]
+    assert "the caps could not be checked against the pool: no worker answered" in limits_row["detail"]
+
+    # Given the pool the workers run, the cap is measured against it.
+    code, findings = invoke("doctor", "-A", name, "-P", "prefork", "-c", "2")
+    assert failed(findings) == {"held", "limits"}, findings
+    assert code == 1
