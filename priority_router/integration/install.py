@@ -320,6 +320,10 @@ def _say_started(app: Celery, installation: Installation, transport: Transport) 
         return
     config, conf = installation.router.config, app.conf
     options = conf.broker_transport_options or {}
+    shown = f", max_connections={options['max_connections']}" if "max_connections" in options else ""
+    pool = installation.pool
+    if pool is not None and pool.green and transport is Transport.AMQP:
+        shown += f", broker_heartbeat={conf.broker_heartbeat}"  # the router set it, or kept yours
     logger.info(
         "priority-router on %r: mode=%s%s, thresholds %s, counter store %s, key prefix %r, %s broker, %s; "
         "worker_prefetch_multiplier=%s, task_acks_late=%s%s",
@@ -333,7 +337,7 @@ def _say_started(app: Celery, installation: Installation, transport: Transport) 
         installation.pool,
         conf.worker_prefetch_multiplier,
         conf.task_acks_late,
-        f", max_connections={options['max_connections']}" if "max_connections" in options else "",
+        shown,
     )
     lacking = shortfalls(transport, installation.pool)
     if lacking:

@@ -164,34 +164,50 @@ def _check_kombu(app: Celery, transport: Transport, pool: WorkerPool | None = No
         yield Finding("kombu", True, f"kombu {kombu.__version__}")
 
 
+#: The settings a worker pool needs, by the doctor check that reports each.
+_POOL_CHECKS = {
+    "worker_prefetch_multiplier": "prefetch",
+    "max_connections": "prefetch",
+    "broker_heartbeat": "heartbeat",
+}
+
+
 def _check_prefetch(app: Celery, transport: Transport, pool: WorkerPool | None = None) -> Iterator[Finding]:
-    """The values the worker's pool needs: the prefetch multiplier, and on a green pool
-    with the Redis broker kombu's connection limit (``integration/pools.py``)."""
+    """The values the worker's pool needs: the prefetch multiplier, on a green pool with
+    the Redis broker kombu's connection limit, and with RabbitMQ no AMQP heartbeats
+    (``integration/pools.py``, ``integration/celery_settings.py``)."""
     pool = pool or pool_named(app.conf.worker_pool, app.conf.worker_concurrency)
     router = installed_router(app)
-    keys = ("worker_prefetch_multiplier", "max_connections")
-    changes = [c for c in wanted_changes(app, transport, pool, applied_settings(app)) if c.key in keys]
-    if not changes:
+    changes = [
+        c for c in wanted_changes(app, transport, pool, applied_settings(app)) if c.key in _POOL_CHECKS
+    ]
+    checks = {_POOL_CHECKS[c.key] for c in changes}
+    if "prefetch" not in checks:
         options = app.conf.broker_transport_options or {}
         shown = f"worker_prefetch_multiplier={app.conf.worker_prefetch_multiplier}"
         if pool.green and transport is Transport.REDIS:
             shown += f", max_connections={options.get('max_connections')}"
+        if pool.green and transport is Transport.AMQP and "heartbeat" not in checks:
+            shown += f", broker_heartbeat={app.conf.broker_heartbeat}"
         yield Finding("prefetch", True, f"{pool}: {shown}")
-        return
     for change in changes:
+        check = _POOL_CHECKS[change.key]
         if router is not None and not change.kept:
             if router.config.dry_run:
-                yield _not_applied("prefetch", change)
+                yield _not_applied(check, change)
             else:
-                yield Finding("prefetch", True, f"{pool}: install() sets {change} when the worker starts")
+                yield Finding(check, True, f"{pool}: install() sets {change} when the worker starts")
             continue
-        yield Finding(
-            "prefetch",
-            False,
-            f"{pool}: {change.shown(change.current)}: {change.cost}",
-            f"set {change.shown(change.wanted)}"
-            + ("" if router is None else " (install() does unless you set it yourself)"),
+        fix = f"set {change.shown(change.wanted)}" + (
+            "" if router is None else " (install() does unless you set it yourself)"
         )
+        if change.key == "broker_heartbeat":
+            fix = (
+                "set broker_heartbeat = 0 for these workers (CELERY_BROKER_HEARTBEAT = 0 in Django "
+                "settings; with the router installed, leaving it unset does too), or run them on the "
+                "threads or prefork pool"
+            )
+        yield Finding(check, False, f"{pool}: {change.shown(change.current)}: {change.cost}", fix)
 
 
 def _check_acks(app: Celery, transport: Transport) -> Iterator[Finding]:

@@ -292,3 +292,40 @@ def test_doctor_without_a_worker_or_pool_blames_the_held_documents_not_a_guessed
     code, findings = invoke("doctor", "-A", name, "-P", "prefork", "-c", "2")
     assert failed(findings) == {"held", "limits"}, findings
     assert code == 1
+
+
+@pytest.mark.rabbitmq
+@pytest.mark.parametrize("users", [120, None])
+def test_doctor_fails_amqp_heartbeats_kept_on_a_green_pool(
+    app_module: AppFactory, amqp_url: str, tmp_path: Path, users: int | None
+) -> None:
+    """broker_heartbeat=120 set by the user on a gevent worker on RabbitMQ: about 10 documents
+    a second whatever -c is.  doctor fails it for -P gevent and for a live gevent worker, and
+    the worker's ready line shows it (the router's 0 when the user sets none)."""
+    settings: dict[str, Any] = {"control_exchange": f"alone-{uuid.uuid4().hex[:8]}"}
+    if users is not None:
+        settings["broker_heartbeat"] = users
+    name = app_module(amqp_url, f"q-{uuid.uuid4().hex[:8]}", settings)
+    problems = {"heartbeat"} if users else set()
+    code, findings = invoke("doctor", "-A", name, "-P", "gevent", "-c", "20")
+    assert failed(findings) == problems, findings
+    assert code == (1 if problems else 0)
+    (heartbeat,) = [f for f in findings if f["check"] == "heartbeat"]
+    if users:
+        assert heartbeat["detail"].startswith("gevent pool, concurrency 20: broker_heartbeat=120: ")
+        assert "10 documents a second" in heartbeat["detail"]
+        assert "set broker_heartbeat = 0" in heartbeat["fix"]
+    else:
+        assert "install() sets broker_heartbeat=0 (now 120" in heartbeat["detail"]
+
+    env = {"PYTHONPATH": str(tmp_path)}
+    with running_worker(env, "--pool", "gevent", "--concurrency", "20", app=name) as worker:
+        code, findings = invoke("doctor", "-A", name)
+        log = worker.output()
+    (pool,) = [f for f in findings if f["check"] == "pool"]
+    assert pool["detail"] == "gevent pool, concurrency 20, as the 1 worker(s) answering run"
+    assert failed(findings) == problems, findings
+    assert code == (1 if problems else 0)
+    (ready,) = [line for line in log.splitlines() if "priority-router on " in line]
+    shown = f"broker_heartbeat={users if users else 0}"
+    assert ready.endswith(f"worker_prefetch_multiplier=1, task_acks_late=True, {shown}"), ready
