@@ -38,6 +38,7 @@ from celery.exceptions import Reject, TimeLimitExceeded, WorkerLostError
 from celery.signals import task_failure, task_postrun, task_received, task_revoked, task_unknown
 
 from .. import headers as H
+from ..decision import Reason
 from ..store.client_ids import normalize_client_id
 from .gate import end_gated
 from .installation import installed_router
@@ -83,6 +84,24 @@ def end_document(
     if client is None:
         return False
     return router.end_quietly(client, task_id, _field(fields, H.COST))
+
+
+def end_unsent(app: Celery, message: Any) -> None:
+    """A publish of ``app`` that raised (the broker refused the connection or the queue):
+    end the document it counted (``mode="inflight"``), since no worker will.  A retry or a
+    child task counted nothing of its own and is left alone.  Never raises."""
+    router = installed_router(app)
+    headers = getattr(message, "headers", None)
+    if router is None or not isinstance(headers, Mapping) or headers.get(H.REASON) == Reason.INHERITED:
+        return
+    task_id = headers.get("id")
+    body = getattr(message, "body", None)
+    if task_id is None and isinstance(body, Mapping):  # task protocol 1
+        task_id = body.get("id")
+    try:
+        end_document(router, headers, task_id)
+    except Exception:
+        logger.exception("priority-router could not end the unsent document %s", task_id)
 
 
 def _field(fields: Any, name: str) -> Any:

@@ -40,7 +40,7 @@ from ..thresholds import table_name
 from .brokers import Transport, from_wire, transport_of
 from .celery_settings import Change, apply_changes, describe, first_time, wanted_changes, warn_kept
 from .consumers import check_at_start
-from .endings import watch_endings
+from .endings import end_unsent, watch_endings
 from .gate import start_gate, watch_gate
 from .installation import ATTRIBUTE, Installation, installation_of
 from .old_kombu import FIX, shortfalls, watch_old_kombu
@@ -101,7 +101,7 @@ def install(router: PriorityRouter, app: Celery) -> PublishReceiver:
         _apps.add(app)
         _connect_signals()
         app.on_after_configure.connect(_on_configure, weak=False, dispatch_uid=_UID)
-        wrap_sender(app, settle, _demotes_to_fifo)
+        wrap_sender(app, settle, _demotes_to_fifo, end_unsent)
         if metrics is not None:
             watch_queue_wait(app, metrics, router.config.metrics_port)
         if app.configured:

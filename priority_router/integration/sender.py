@@ -10,6 +10,9 @@ Why it exists:
   the queue as it exists and sends the document once more (see ``rabbitmq``), unless
   ``demotes(app)`` says no (a router in dry run), when the refusal reaches the caller
   as in plain Celery.
+- A send that raises (a broker refusing the connection or the queue) counted its document
+  all the same, in ``before_task_publish``; ``unsent(app, message)`` is called before the
+  error reaches the caller, so that no worker's end is waited for (``endings.py``).
 
 Celery builds its sender lazily: ``app.amqp.send_task_message`` is a cached property
 whose builder (``_create_task_sender``) freezes the publish retry policy, delivery mode,
@@ -37,22 +40,27 @@ republishing: ContextVar[bool] = ContextVar("priority_router_republishing", defa
 _WRAPPED = "_priority_router_wrapped"
 
 
-def wrap_sender(app: Celery, on_build: Callable[[Celery], object], demotes: Callable[[Celery], bool]) -> None:
+def wrap_sender(
+    app: Celery,
+    on_build: Callable[[Celery], object],
+    demotes: Callable[[Celery], bool],
+    unsent: Callable[[Celery, Any], object],
+) -> None:
     """Wrap ``app``'s task sender (idempotent); ``on_build(app)`` runs when Celery
-    builds it, or now if Celery already has."""
+    builds it, or now if Celery already has; ``unsent(app, message)`` when a send raises."""
     amqp = app.amqp
     if amqp.__dict__.get(_WRAPPED):
         return
     built = amqp.__dict__.get(SENDER)
     if built is not None:
         on_build(app)
-        amqp.__dict__[SENDER] = _wrap(app, built, demotes)
+        amqp.__dict__[SENDER] = _wrap(app, built, demotes, unsent)
     else:
         build = sender_builder(amqp)
 
         def create_task_sender() -> Callable[..., Any]:
             on_build(app)
-            return _wrap(app, build(), demotes)
+            return _wrap(app, build(), demotes, unsent)
 
         amqp.__dict__[SENDER_BUILDER] = create_task_sender
     amqp.__dict__[_WRAPPED] = True
@@ -70,10 +78,13 @@ def unwrap_sender(app: Celery) -> None:
         amqp.__dict__[SENDER] = original
 
 
-def _wrap(app: Celery, send: Callable[..., Any], demotes: Callable[[Celery], bool]) -> Callable[..., Any]:
-    @functools.wraps(send)
-    def send_task_message(*args: Any, **kwargs: Any) -> Any:
-        token = publishing_app.set(app)
+def _wrap(
+    app: Celery,
+    send: Callable[..., Any],
+    demotes: Callable[[Celery], bool],
+    unsent: Callable[[Celery, Any], object],
+) -> Callable[..., Any]:
+    def send_or_demote(*args: Any, **kwargs: Any) -> Any:
         try:
             return send(*args, **kwargs)
         except Exception as exc:
@@ -88,6 +99,16 @@ def _wrap(app: Celery, send: Callable[..., Any], demotes: Callable[[Celery], boo
                 return send(*args, **kwargs)
             finally:
                 republishing.reset(again)
+
+    @functools.wraps(send)
+    def send_task_message(*args: Any, **kwargs: Any) -> Any:
+        token = publishing_app.set(app)
+        try:
+            return send_or_demote(*args, **kwargs)
+        except Exception:
+            # Celery calls it as send_task_message(producer, name, message, **options).
+            unsent(app, args[2] if len(args) > 2 else kwargs.get("message"))
+            raise
         finally:
             publishing_app.reset(token)
 

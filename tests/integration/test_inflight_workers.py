@@ -7,6 +7,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
+from urllib.parse import urlsplit
 
 import pytest
 import redis
@@ -233,3 +234,56 @@ def test_a_document_rejected_with_requeue_stays_in_flight_until_it_runs_again(
         assert seen["in_flight"] == 1, "the requeued document was ended before it ran again"
         assert _wait_in_flight(router, "requeued", 0) == 0
     assert router.redis.exists(router.store.key("requeued")) == 0
+
+
+def test_a_publish_the_broker_refuses_is_not_left_in_flight(worker_env: dict[str, str]) -> None:
+    """A send that raises was counted in before_task_publish: the router ends it, and the
+    error reaches the caller as before.  Here the broker's port is closed."""
+    from kombu.exceptions import OperationalError
+    from support.services import close_app
+
+    from workers.app import create_app
+
+    env = _env(worker_env)
+    router = _router(env)
+    broker = env["BROKER_URL"]
+    closed = broker.replace(urlsplit(broker).netloc.split("@")[-1], f"127.0.0.1:{free_port()}")
+    app = create_app({**env, "BROKER_URL": closed})
+    try:
+        router.record("refused", "counted-before")  # one document really in flight
+        for _ in range(3):
+            with pytest.raises(OperationalError):
+                app.send_task(HOLD, (0,), headers={"client_id": "refused"})
+    finally:
+        close_app(app)
+    assert _wait_in_flight(router, "refused", 1, timeout=2) == 1
+
+
+@pytest.mark.rabbitmq
+@pytest.mark.parametrize("broker_url", ["amqp"], indirect=True)
+def test_a_publish_rabbitmq_refuses_with_precondition_failed_is_not_left_in_flight(
+    worker_env: dict[str, str], amqp_url: str
+) -> None:
+    """The queue exists with another argument than the app declares: PRECONDITION_FAILED."""
+    from amqp.exceptions import PreconditionFailed
+    from kombu import Connection, Queue
+    from support.services import close_app
+
+    from workers.app import create_app
+
+    env = _env(worker_env)
+    queue = env["DOCUMENT_QUEUE"]
+    with Connection(amqp_url) as conn:
+        Queue(queue, queue_arguments={"x-max-priority": 10, "x-max-length": 1000}).bind(
+            conn.default_channel
+        ).declare()
+    router = _router(env)
+    app = create_app(env)
+    try:
+        with pytest.raises(PreconditionFailed, match="x-max-length"):
+            app.send_task(HOLD, (0,), headers={"client_id": "refused"})
+    finally:
+        close_app(app)
+        with Connection(amqp_url) as conn:
+            conn.default_channel.queue_delete(queue)
+    assert _wait_in_flight(router, "refused", 0, timeout=2) == 0
