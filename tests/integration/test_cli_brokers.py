@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 import time
 import uuid
 from collections.abc import Callable
@@ -91,7 +92,10 @@ def test_doctor_checks_for_the_pool_the_live_workers_run(
 ) -> None:
     """Without -P/-c, doctor asks the workers: a threads worker is checked as one, not as the
     app's default prefork pool."""
-    name = app_module(broker_url, f"q-{uuid.uuid4().hex[:8]}")
+    # A control exchange of its own: other test sessions' workers on the broker do not answer.
+    name = app_module(
+        broker_url, f"q-{uuid.uuid4().hex[:8]}", {"control_exchange": f"alone-{uuid.uuid4().hex[:8]}"}
+    )
     _, findings = invoke("doctor", "-A", name)
     (pool,) = [f for f in findings if f["check"] == "pool"]
     assert "no worker answered" in pool["detail"]
@@ -192,7 +196,9 @@ def test_doctor_flags_a_cap_that_can_never_bite_and_documents_held_past_max_wait
     from priority_router import PriorityRouter
 
     name = app_module(
-        broker_db_url(redis_server_url), f"q-{uuid.uuid4().hex[:8]}", {"priority_router_max_wait": 2}
+        broker_db_url(redis_server_url),
+        f"q-{uuid.uuid4().hex[:8]}",
+        {"priority_router_max_wait": 2, "control_exchange": f"alone-{uuid.uuid4().hex[:8]}"},
     )
     router = PriorityRouter(counter_db_url(redis_server_url), key_prefix=key_prefix)
     router.set_tier("bulk", max_in_flight=4)
@@ -211,8 +217,11 @@ def test_doctor_flags_a_cap_that_can_never_bite_and_documents_held_past_max_wait
     verdict = router.gate_store.admit("bulk", "waiting", limits, 1000, now_ms=long_ago)
     router.gate_store.note_held("bulk", verdict)
     code, findings = invoke("doctor", "-A", name, "-P", "threads", "-c", "4")
-    (finding,) = [f for f in findings if f["check"] == "limits" and not f["ok"]]
-    assert "client 'bulk' has 1 document(s) held by its limits, the oldest for 4" in finding["detail"]
+    (finding,) = [f for f in findings if f["check"] == "limits" and "max_wait" in f["detail"]]
+    # Held 40 s ago, and doctor's looks take their seconds on a busy machine.
+    assert re.search(
+        r"client 'bulk' has 1 document\(s\) held by its limits, the oldest for [4-9]\d s", finding["detail"]
+    )
     assert "longer than max_wait=2 s" in finding["detail"]
     assert code == 1
 
@@ -229,7 +238,10 @@ def test_doctor_flags_a_cap_that_can_never_bite_and_documents_held_past_max_wait
     router.unset_tier("bulk")
     code, findings = invoke("doctor", "-A", name, "-P", "threads", "-c", "4")
     (finding,) = [f for f in findings if f["check"] == "limits" and not f["ok"]]
-    assert "1 document(s) are still held although no client has limits, the oldest for 4" in finding["detail"]
+    assert re.search(
+        r"1 document\(s\) are still held although no client has limits, the oldest for [4-9]\d s",
+        finding["detail"],
+    )
     assert "start one worker with this release's router" in finding["fix"]
     assert code == 1
 
