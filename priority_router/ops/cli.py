@@ -166,7 +166,6 @@ def inspect(ctx: click.Context, client: str, as_json: bool, app_name: str | None
         fail(f"cannot read {redact_url(router.config.redis_url)}: {exc}")
     row = _row(router, state)
     row["key"] = state.key
-    row["thresholds"] = table_name(router.policy)
     try:
         row["tier"], applied = _tier_in_effect(router, state.client_id)
     except CounterUnavailable as exc:
@@ -177,6 +176,8 @@ def inspect(ctx: click.Context, client: str, as_json: bool, app_name: str | None
         row["priority"] = applied.priority(state.pending, router.policy)
     # The costs counted: in the spell (seed), of the documents in flight (inflight).
     row["counted"] = state.counted
+    # Added after the keys scripts already read, in the order they read them.
+    row["thresholds"] = table_name(router.policy)
     try:
         gate = _gate_row(router, state.client_id)
     except CounterUnavailable as exc:

@@ -170,7 +170,7 @@ def test_inspect_shows_the_clients_tier_and_keeps_its_other_keys(
     plain = json.loads(cli("inspect", "bulk", "--json").output)
     assert plain["tier"] is None
     old_keys = ["client_id", "pending", "priority", "seconds_since_update", "seconds_until_reset"]
-    assert list(plain) == [*old_keys, "tracked", "key", "tier", "table_priority", "counted"]
+    assert list(plain) == [*old_keys, "tracked", "key", "tier", "table_priority", "counted", "thresholds"]
     assert plain["priority"] == plain["table_priority"] == 9
 
     cli("tier", "set", "bulk", "--shift=-2")
