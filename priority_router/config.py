@@ -144,7 +144,10 @@ class RouterConfig:
         0.05, "Seconds the counter store may take to answer before a publish fails open.", _seconds
     )
     cooldown: float = setting(
-        5.0, "Seconds the router stops asking a failed counter store before probing it again.", _seconds
+        1.0,
+        "Longest time between two background probes of a failed counter store: the first comes "
+        "50 ms after the failure, each next one twice as late, up to this.",
+        _seconds,
     )
     flower_kwargsrepr: bool = setting(
         True, "Append each document's decision to its `kwargsrepr`, so Flower shows and finds it.", _flag

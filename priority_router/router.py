@@ -10,7 +10,6 @@ from typing import Any, TypeVar
 
 import redis
 from celery import Celery
-from redis.exceptions import RedisClusterException
 
 from .batch import Batch, current_batch
 from .config import RouterConfig, celery_name, env_values
@@ -24,7 +23,7 @@ from .integration.metrics import RouterMetrics, get_metrics
 from .integration.publish import PublishReceiver
 from .limits import NONE, Limits
 from .redact import redact_url
-from .store.breaker import CircuitBreaker
+from .store.breaker import STORE_ERRORS, CircuitBreaker
 from .store.client_ids import normalize_client_id
 from .store.connection import make_client
 from .store.costs import ONE, CostsInUse, InvalidCost, as_count, cost_units
@@ -140,8 +139,8 @@ class PriorityRouter:
         self._breaker = CircuitBreaker(
             config.cooldown,
             f"the priority counter at {redact_url(config.redis_url)}",
-            meanwhile="publishing with the default priority"
-            + (", and keeping documents' ends to send once it answers" if self.inflight else ""),
+            # A lambda: a cluster client is built (and connects) at its first use, not here.
+            probe=lambda: redis_client.ping(),
         )
         #: ``mode="inflight"``: ends that could not be sent while the store failed.
         self._owed: OwedEnds[End] = OwedEnds()
@@ -217,8 +216,8 @@ class PriorityRouter:
     def end_quietly(self, client_id: str, task_id: str, cost: object = None) -> bool:
         """Like :meth:`end` for a worker's signal handlers: never raises.  When the store
         fails, the end is kept and sent again every ``cooldown`` until the store answers
-        (the store is left alone meanwhile); a cost that cannot be one (``None``: none
-        given) is not checked, as the end finds the document by its task id."""
+        (only a background probe asks it meanwhile); a cost that cannot be one (``None``:
+        none given) is not checked, as the end finds the document by its task id."""
         inflight = self.inflight
         if inflight is None:
             return False
@@ -227,7 +226,7 @@ class PriorityRouter:
             with contextlib.suppress(InvalidCost):  # its publish said so, and counted it as 1
                 units = cost_units(cost)
         end = (client_id, task_id, units)
-        ended = self._send_end(end) if self._breaker.allow() else None
+        ended = self._send_end(end) if self._breaker.allow("ends") else None
         if ended is None:
             self._owe(end)
             return False
@@ -238,7 +237,7 @@ class PriorityRouter:
     def retry_ends_quietly(self, batch: int = 500) -> int:
         """Send again up to ``batch`` of the ends this process could not send while the
         store failed (oldest first); how many went.  Never raises."""
-        if not self._owed or not self._breaker.allow():
+        if not self._owed or not self._breaker.allow("ends"):
             return 0
         ends = self._owed.take(batch)
         for sent, end in enumerate(ends):
@@ -252,7 +251,7 @@ class PriorityRouter:
         inflight = self.inflight
         assert inflight is not None
         client_id, task_id, units = end
-        sent = self._quietly(lambda: [inflight.end(client_id, task_id, units, self.costs_in_use())])
+        sent = self._quietly(lambda: [inflight.end(client_id, task_id, units, self.costs_in_use())], "ends")
         if sent is None:
             return None
         (counted,) = sent
@@ -337,18 +336,19 @@ class PriorityRouter:
 
     def decide(self, client_id: str, task_id: str | None = None, cost: object = None) -> Decision:
         """Like :meth:`record`, but never raises: when the counter store fails the
-        decision is ``default_priority`` and the store is left alone for ``cooldown``; a
-        cost that cannot be one is logged once and counted as 1 (``None``: none given).
+        decision is ``default_priority`` and later calls fail open at once until a background
+        probe sees the store answer; a cost that cannot be one is logged once and counted as
+        1 (``None``: none given).
         """
         batch = current_batch.get()
         if batch is not None:
             reserved = batch.take(client_id)
             if reserved is not None:
                 return reserved
-        if not self._breaker.allow():
-            return self._fail_open(client_id)
         if self.inflight is not None and not (isinstance(task_id, str) and task_id):
             return self._fail_open(client_id)  # nothing to end it by (Celery always gives an id)
+        if not self._breaker.allow("publish"):
+            return self._fail_open(client_id)
         units = self.units_quietly(cost, client_id)
         metrics = self.metrics
         started = time.perf_counter() if metrics is not None else 0.0
@@ -357,7 +357,7 @@ class PriorityRouter:
             tiered = self._tiered()
             return (tiered, *self._count(client_id, task_id, tiered, units))
 
-        counted = self._quietly(count)
+        counted = self._quietly(count, "publish")
         if counted is None:
             return self._fail_open(client_id)
         if metrics is not None:
@@ -368,7 +368,7 @@ class PriorityRouter:
     def decide_many(self, client_id: str, n: int, cost: object = None) -> list[Decision]:
         """Like :meth:`record_many`, but never raises (see :meth:`decide`)."""
         fail_open = [self._fail_open(client_id)] * n
-        if n == 0 or not self._breaker.allow():
+        if n == 0 or not self._breaker.allow("publish"):
             return fail_open
         units = self.units_quietly(cost, client_id)
 
@@ -376,7 +376,7 @@ class PriorityRouter:
             tiered = self._tiered()
             return (tiered, *self.counter.count(client_id, n, units, tiered, self._costs(units)))
 
-        counted = self._quietly(count)
+        counted = self._quietly(count, "publish")
         if counted is None:
             return fail_open
         tiered, pendings, stored = counted
@@ -611,16 +611,21 @@ class PriorityRouter:
             raise ValueError(f"{client_id!r} is not a client id: use a non-empty string or a number")
         return client
 
-    def _quietly(self, use: Callable[[], T]) -> T | None:
-        """``use()`` on the store, for the calls that never raise: None when the store is
-        another release's, or fails (it is then left alone for ``cooldown``)."""
+    def _quietly(self, use: Callable[[], T], purpose: str) -> T | None:
+        """``use()`` on the store for ``purpose`` (``store/breaker.py``), for the calls that
+        never raise: None when the store is another release's, or fails (the breaker then
+        opens), or on a bug (logged once with its traceback; the breaker stays as it is)."""
         try:
             self.schema.check()
             result = use()
         except SchemaMismatch:
             return None
+        except STORE_ERRORS as exc:
+            self._breaker.failure(exc, purpose)
+            return None
         except Exception as exc:
-            self._breaker.failure(exc)
+            if self._first_time("bug", (purpose, type(exc))):
+                logger.exception("priority-router: unexpected error using the counter store (%s)", purpose)
             return None
         self._breaker.success()
         return result
@@ -658,7 +663,7 @@ def _store_errors(what: str, client: str) -> Iterator[None]:
     """Redis failures of an explicit counter call, as :class:`CounterUnavailable`."""
     try:
         yield
-    except (redis.RedisError, RedisClusterException, OSError) as exc:
+    except STORE_ERRORS as exc:
         raise CounterUnavailable(f"could not {what} {client!r}: {exc}") from exc
 
 

@@ -21,8 +21,8 @@ Each end is ``LREM`` of one entry of the document: it removes it at most once, s
 events seen twice and documents run twice after a redelivery are ended exactly once.  A
 document whose worker was killed is redelivered (late acks) and ended when it finally
 runs; an end lost for good (its message is gone) is cleared by the idle reset.  Reaching
-Redis never breaks a task: a failure is logged once and the store is left alone for
-``cooldown``, as publishes do.
+Redis never breaks a task: a failure is logged once, and the store is then only probed in
+the background until it answers, as for publishes.
 """
 
 from __future__ import annotations

@@ -86,6 +86,10 @@ def test_a_failed_retry_keeps_every_end_it_did_not_send() -> None:
         router.end_quietly("heavy", f"t{n}")
     time.sleep(0.1)
     assert router.retry_ends_quietly() == 0  # still failing: all kept
+    # (the owed-ends thread may be holding them for its own attempt at this moment)
+    deadline = time.monotonic() + 5
+    while len(router._owed) != 4 and time.monotonic() < deadline:
+        time.sleep(0.001)
     assert len(router._owed) == 4
     stalls.stalled = False
     deadline = time.monotonic() + 5
