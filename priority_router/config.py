@@ -141,7 +141,7 @@ class RouterConfig:
         0.05, "Seconds the counter store may take to connect before a publish fails open.", _seconds
     )
     socket_timeout: float = setting(
-        0.05, "Seconds the counter store may take to answer before a publish fails open.", _seconds
+        0.1, "Seconds the counter store may take to answer before a publish fails open.", _seconds
     )
     cooldown: float = setting(
         1.0,
