@@ -12,7 +12,6 @@ extras, and the marker ``<prefix>costs-in-use`` says when one has.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 
@@ -111,9 +110,9 @@ class CostsInUse:
         now = time.monotonic()
         if now >= self._read_until:
             self._read_until = now + MARKER_REFRESH
-            # A failed read: the check that follows fails and its breaker says so.
-            with contextlib.suppress(redis.RedisError):
-                self._known = bool(self._redis.exists(self.key))
+            # A failed read raises: the check it is part of fails at once, instead of
+            # waiting for the store a second time in the same publish.
+            self._known = bool(self._redis.exists(self.key))
         return self._known
 
     def mark(self) -> None:

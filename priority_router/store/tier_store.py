@@ -96,8 +96,10 @@ class TierStore:
         return bool(self._redis.delete(self._default_key))
 
     def in_use(self) -> bool:
-        """Whether any tier has been stored, as this process last read it (never raises)."""
-        self._fresh()
+        """Whether any tier has been stored, as this process last read it.  A failed read
+        raises: the check it is part of then fails at once, instead of waiting for the store
+        a second time in the same publish."""
+        self._fresh(strict=True)
         return self._in_use
 
     def default(self) -> Tier | None:
@@ -110,7 +112,7 @@ class TierStore:
         self._redis.set(self._marker, "1")
         self._in_use = True
 
-    def _fresh(self) -> None:
+    def _fresh(self, strict: bool = False) -> None:
         """Read the default tier and the marker again once ``refresh`` seconds have passed;
         a failed read keeps what was read before and tries again after ``refresh``."""
         now = time.monotonic()
@@ -126,7 +128,9 @@ class TierStore:
             self._cached = None if stored is None else decode(stored)
             self._warned = False
         except redis.RedisError:
-            pass  # the store is down: the check that follows fails and its breaker says so
+            if strict:
+                raise
+            # default(), after a check that worked: keep what was read before
         except ConfigurationError as exc:
             if not self._warned:
                 self._warned = True
