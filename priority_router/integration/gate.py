@@ -41,9 +41,9 @@ from celery.signals import worker_shutdown
 from .. import headers as H
 from ..limits import Limits
 from ..redact import redact_url
-from ..store.breaker import CircuitBreaker
+from ..store.breaker import STORE_ERRORS, CircuitBreaker
 from ..store.client_ids import normalize_client_id
-from ..store.gate import RECHECK, RELEASE_BATCH, REMEMBER_SENT_MS, STORE_ERRORS, Verdict, describe_held
+from ..store.gate import RECHECK, RELEASE_BATCH, REMEMBER_SENT_MS, Verdict, describe_held
 from ..store.limit_store import Snapshot
 from ..store.owed import OwedEnds
 from . import celery_internals
@@ -82,6 +82,7 @@ class Gate:
             f"the gate's counter store at {redact_url(router.config.redis_url)}",
             meanwhile="documents of limited clients run without their limits, and the ends of gated "
             "documents are kept to send once it answers",
+            probe=lambda: router.redis.ping(),
         )
         self.owed: OwedEnds[tuple[str, str]] = OwedEnds()
         #: How long a published release is remembered: longer than the broker takes to give

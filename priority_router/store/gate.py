@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import redis
-from redis.exceptions import RedisClusterException, RedisError
 
 from ..limits import Limits
 from .client_ids import gate_keys, held_index_key
@@ -65,9 +64,6 @@ _OUTCOMES = {1: "run", 0: "held", 2: "duplicate", -1: "ended", 3: "blocked", 4: 
 #: broker's default ``visibility_timeout`` (3600 s), after which a held copy taken by a
 #: killed releaser comes back to its holding queue (RabbitMQ: at once).
 REMEMBER_SENT_MS = 3_900_000
-
-#: What a store that cannot answer raises (anything else from a call is a bug, and raises).
-STORE_ERRORS = (RedisError, RedisClusterException, OSError)
 
 #: Milliseconds after which a held count whose message is not in the holding queue is
 #: stale: a hold publishes its message within a few milliseconds of being counted.
