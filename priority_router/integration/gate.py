@@ -308,8 +308,14 @@ def admit(app: Celery, router: PriorityRouter, request: Any) -> bool:
     if router.metrics is not None:
         router.metrics.record_held(verdict.state)
     logger.debug("priority-router: held %s of client %r: %s", request.id, client, reason)
-    # Held behind earlier documents that may start now (their limits lifted meanwhile).
-    gate.call(lambda: gate.store.note_held(client, gate.release(client, limits, verdict)[1]))
+
+    def release_and_index() -> None:
+        # Held behind earlier documents that may start now (their limits lifted meanwhile);
+        # the sweeps look at the client again when its state says.
+        _, after = gate.release(client, limits, verdict)
+        gate.store.note_held(client, after)
+
+    gate.call(release_and_index)
     return False
 
 

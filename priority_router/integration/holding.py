@@ -18,6 +18,7 @@ never keeps a message, so losing it loses no document.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -53,8 +54,6 @@ def holding_queue_name(prefix: str, client_id: str) -> str:
     name = f"{prefix}held.{client_id}"
     if len(name.encode("utf-8", "surrogateescape")) <= _NAME_BYTES and name.isprintable():
         return name
-    import hashlib
-
     digest = hashlib.sha256(client_id.encode("utf-8", "surrogateescape")).hexdigest()[:32]
     return f"{prefix}held.sha256:{digest}"
 
