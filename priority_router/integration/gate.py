@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import threading
 import time
 import weakref
 from collections import defaultdict
@@ -150,6 +149,14 @@ class Gate:
         if self.router.metrics is not None and released:
             self.router.metrics.released.inc(len(released))
         return len(released), verdict
+
+    def queues_empty(self, queues: Iterable[str]) -> bool:
+        """True when no message is ready in any of ``queues``; False when unknown."""
+        try:
+            return all(self.holding.ready(queue) == 0 for queue in queues)
+        except HoldingUnavailable:
+            logger.debug("priority-router could not size the queues", exc_info=True)
+            return False
 
     def reconcile(self) -> None:
         """Read the broker's index of holding queues: each client named whose queue still
@@ -357,72 +364,12 @@ def end_gated(
     limits = router.limit_store.snapshot().of(client)
     if unadmitted and not limits and not fields.get(H.GATED):
         return
+    gate = gate_of(app, router)
     borrow = 0
     if limits.borrow:
         queue = (fields.get("delivery_info") or {}).get("routing_key")
-        borrow = 1 if isinstance(queue, str) and _probe(app).empty([queue]) else 0
-    gate_of(app, router).end(client, task_id, borrow)
-
-
-class QueueProbe:
-    """Whether queues are empty, on a broker connection of this process's own."""
-
-    def __init__(self, app: Celery) -> None:
-        self._app = app
-        self._connection: Any = None
-        self._channel: Any = None
-        self._lock = threading.Lock()
-
-    def empty(self, queues: Iterable[str]) -> bool:
-        """True when no message is ready in any of ``queues``; False when unknown."""
-        with self._lock:
-            try:
-                for queue in queues:
-                    if self._channel is None:
-                        self._connect()
-                    if self._ready(queue):
-                        return False
-                return True
-            except Exception:
-                logger.debug("priority-router could not size the queues", exc_info=True)
-                self.close()
-                return False
-
-    def _connect(self) -> None:
-        self._connection = self._app.connection_for_read()
-        self._connection.ensure_connection(max_retries=1)
-        self._channel = self._connection.channel()
-
-    def _ready(self, queue: str) -> int:
-        try:
-            _, ready, _ = self._channel.queue_declare(queue=queue, passive=True)
-        except Exception as exc:
-            # No such queue: nothing waits in it.  kombu's Redis transport says so of an
-            # empty queue too (it has no key); RabbitMQ closes the channel.
-            if str(getattr(exc, "reply_code", None)) != "404":
-                raise
-            if not getattr(self._channel, "is_open", True):
-                self._channel = self._connection.channel()
-            return 0
-        return int(ready)
-
-    def close(self) -> None:
-        connection, self._connection, self._channel = self._connection, None, None
-        if connection is not None:
-            try:
-                connection.close()
-            except Exception:
-                logger.debug("closing the gate's broker connection failed", exc_info=True)
-
-
-_probes: weakref.WeakKeyDictionary[Celery, QueueProbe] = weakref.WeakKeyDictionary()
-
-
-def _probe(app: Celery) -> QueueProbe:
-    probe = _probes.get(app)
-    if probe is None:
-        probe = _probes[app] = QueueProbe(app)
-    return probe
+        borrow = 1 if isinstance(queue, str) and gate.queues_empty([queue]) else 0
+    gate.end(client, task_id, borrow)
 
 
 class GateThread(Periodic):
@@ -489,7 +436,7 @@ class GateThread(Periodic):
             return
         store = self.gate.store
         borrowing = [c for c in store.holding() if limits.of(c).borrow]
-        if not borrowing or not _probe(self.app).empty(self._queues()):
+        if not borrowing or not self.gate.queues_empty(self._queues()):
             return
         for client in borrowing:
             verdict = store.end(client, "", limits.of(client), borrow=idle)

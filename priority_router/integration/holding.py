@@ -160,7 +160,7 @@ class Holding:
 
     def count(self, client_id: str) -> int:
         """How many documents wait in ``client_id``'s holding queue."""
-        return self._ready(self.queue(client_id).name)
+        return self.ready(self.queue(client_id).name)
 
     @contextmanager
     def indexed(self) -> Iterator[tuple[list[str], Callable[[list[str]], None]]]:
@@ -241,7 +241,8 @@ class Holding:
         self._connection = connection
         self._channel = connection.channel()
 
-    def _ready(self, queue: str) -> int:
+    def ready(self, queue: str) -> int:
+        """How many messages are ready in ``queue`` (0 when it does not exist)."""
         with self._using() as channel:
             try:
                 _, ready, _ = channel.queue_declare(queue=queue, passive=True)
