@@ -191,6 +191,25 @@ def test_a_rate_starts_its_burst_then_r_per_second(
         assert s - first >= (i - 5) / 5 - 0.05, f"document {i} started early: {s - first:.2f} s"
 
 
+def test_borrowing_lends_the_processes_an_autoscaled_pool_has_now(
+    producer: Callable[[], Celery], runs: tuple[dict[str, str], redis.Redis]
+) -> None:
+    """``--autoscale=4,1``: another client's burst grows the pool to 4; while it stays that
+    size, a borrowing client capped at 1 alone runs on all of it (it borrowed only the
+    processes the pool started with before)."""
+    env, seen, _, app = _trial(runs, producer, "bulk", max_in_flight=1, borrow=True)
+    with running_worker(env, "--pool", "prefork", "--autoscale", "4,1") as worker:
+        burst = _send(app, "other", 1.5, 8)
+        for r in burst:
+            r.get(timeout=60)
+        assert int(seen.hget(env["RUNS_KEY"], "max:other") or 0) >= 3, worker.output()[-3000:]
+        bulk = _send(app, "bulk", 1.0, 8)  # the pool keeps its processes 30 s before shrinking
+        for r in bulk:
+            r.get(timeout=60)
+    assert int(seen.hget(env["RUNS_KEY"], "max:bulk") or 0) >= 3
+    assert _runs_of(seen, env, burst + bulk) == [1] * 16
+
+
 def test_a_borrowing_client_alone_uses_the_whole_pool_and_stops_when_another_waits(
     producer: Callable[[], Celery], runs: tuple[dict[str, str], redis.Redis]
 ) -> None:
