@@ -10,11 +10,13 @@ reply was lost, sent again, changes nothing.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 #: The most ends one process keeps; past it the oldest are forgotten (the idle reset then
 #: clears what they would have ended).
@@ -33,6 +35,13 @@ class OwedEnds(Generic[E]):
         self._limit = limit
         self._lock = threading.Lock()
         self._retrier: threading.Thread | None = None
+        _ALL.add(self)
+
+    def _after_fork(self) -> None:
+        # A forked child (a prefork pool process) has no retrier thread, and a lock the
+        # parent's retrier held at the fork would never be released in it.
+        self._lock = threading.Lock()
+        self._retrier = None
 
     def __len__(self) -> int:
         return len(self._ends)
@@ -77,3 +86,15 @@ class OwedEnds(Generic[E]):
                 if not self._ends:
                     self._retrier = None  # under the lock: an add from now on starts another
                     return
+
+
+#: Every queue of owed ends in the process, for the fork handler below.
+_ALL: weakref.WeakSet[OwedEnds[Any]] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for owed in list(_ALL):
+        owed._after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

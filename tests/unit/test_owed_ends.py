@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import fakeredis
@@ -105,3 +107,34 @@ def test_the_queue_is_bounded_and_forgets_the_oldest() -> None:
     assert owed.take(5) == [("a", "2", 1), ("a", "3", 1)]
     owed.give_back([("a", "4", 1), ("a", "5", 1), ("a", "6", 1)])
     assert owed.take(5) == [("a", "4", 1), ("a", "5", 1)]
+
+
+def test_a_forked_child_starts_a_retrier_of_its_own() -> None:
+    # The parent's retrier is busy at the fork: the child (a prefork pool process) must send
+    # what it owes with a thread of its own.  Forked in a process of its own, not in the
+    # threaded test process.
+    script = """
+import os, threading, time, warnings
+warnings.simplefilter("ignore", DeprecationWarning)
+from priority_router.store.owed import OwedEnds
+owed = OwedEnds()
+busy = threading.Event()
+owed.add("x")
+owed.retry_every(0.01, busy.wait)
+time.sleep(0.05)
+pid = os.fork()
+if pid == 0:
+    sent = []
+    owed.add("y")
+    owed.retry_every(0.01, lambda: sent.extend(owed.take(10)))
+    deadline = time.monotonic() + 5
+    while not sent and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os._exit(0 if sent else 1)
+_, status = os.waitpid(pid, 0)
+busy.set()
+print(os.waitstatus_to_exitcode(status))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "0"
