@@ -35,6 +35,8 @@ class OwedEnds(Generic[E]):
         self._limit = limit
         self._lock = threading.Lock()
         self._retrier: threading.Thread | None = None
+        #: How the retrier sends, once one was asked for: ends given back start it again.
+        self._sending: tuple[float, Callable[[], object]] | None = None
         _ALL.add(self)
 
     def _after_fork(self) -> None:
@@ -66,17 +68,23 @@ class OwedEnds(Generic[E]):
             self._ends.extendleft(reversed(ends))
             while len(self._ends) > self._limit:
                 self._ends.pop()
+            # The retrier may have found nothing owed while these were out, and stopped.
+            if self._ends and self._retrier is None and self._sending is not None:
+                self._start(*self._sending)
 
     def retry_every(self, seconds: float, send: Callable[[], object]) -> None:
         """Call ``send()`` every ``seconds`` from a daemon thread until nothing is owed; a
         thread already doing so is enough."""
         with self._lock:
-            if self._retrier is not None:
-                return
-            self._retrier = threading.Thread(
-                target=self._retry, args=(seconds, send), name="priority-router-owed-ends", daemon=True
-            )
-            self._retrier.start()
+            self._sending = (seconds, send)
+            if self._retrier is None:
+                self._start(seconds, send)
+
+    def _start(self, seconds: float, send: Callable[[], object]) -> None:
+        self._retrier = threading.Thread(
+            target=self._retry, args=(seconds, send), name="priority-router-owed-ends", daemon=True
+        )
+        self._retrier.start()
 
     def _retry(self, seconds: float, send: Callable[[], object]) -> None:
         while True:

@@ -138,3 +138,22 @@ print(os.waitstatus_to_exitcode(status))
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "0"
+
+
+def test_ends_given_back_after_the_retrier_stopped_are_retried() -> None:
+    """The retrier stops when it finds nothing owed, which it may while another thread has
+    the ends out for an attempt of its own: those given back start it again."""
+    owed: OwedEnds[str] = OwedEnds()
+    sent: list[str] = []
+    owed.add("x")
+    owed.retry_every(0.01, lambda: sent.extend(owed.take(10)))
+    deadline = time.monotonic() + 5
+    while not sent and time.monotonic() < deadline:
+        time.sleep(0.01)
+    taken = ["y"]  # another thread's attempt, out while the retrier found nothing owed
+    time.sleep(0.05)  # the retrier has stopped
+    owed.give_back(taken)
+    deadline = time.monotonic() + 5
+    while "y" not in sent and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sent == ["x", "y"]
