@@ -184,8 +184,11 @@ def test_a_rate_starts_its_burst_then_r_per_second(
         done = [r.get(timeout=60) for r in docs]
     starts = sorted(r["started"] for r in done)
     first = starts[0]
-    # 5 at once (the burst), then 5 a second: the 25th near 4 s after the first.
-    assert sum(1 for s in starts if s - first < 0.5) <= 6
+    # 5 at once (the burst), then 5 a second: the 25th near 4 s after the first.  A token
+    # bucket lets at most burst + rate x w start in any window of w seconds, wherever the
+    # first start fell behind the first token (a busy machine): 5 + 5 x 0.5, and one at the
+    # window's edge.
+    assert max(sum(1 for t in starts if s <= t < s + 0.5) for s in starts) <= 8
     assert 3.3 < starts[-1] - first < 5.5
     for i, s in enumerate(starts[5:], start=5):
         assert s - first >= (i - 5) / 5 - 0.05, f"document {i} started early: {s - first:.2f} s"
