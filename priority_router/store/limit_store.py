@@ -125,12 +125,6 @@ class LimitStore:
                 pass  # the gate's own calls fail too, and its breaker says so
         return self._snapshot
 
-    @property
-    def ever_set(self) -> bool:
-        """Whether a limit was ever stored under the prefix, as :meth:`snapshot` last read
-        (no limit ever stored: no document can be held, so there is nothing to release)."""
-        return self._seen is not None
-
     def _read(self) -> Snapshot:
         with self._redis.pipeline(transaction=False) as pipe:
             pipe.hgetall(self._hash)
