@@ -24,13 +24,15 @@ import hiredis
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from priority_router.store.client_ids import INFLIGHT_SUFFIX, TIER_SUFFIX, client_key  # noqa: E402
+from priority_router.store.client_ids import INFLIGHT_SUFFIX, ORDER_SUFFIX, TIER_SUFFIX, client_key  # noqa: E402
+from priority_router.store.costs import RESOLUTION, SENTINEL  # noqa: E402
 from priority_router.store.inflight import member  # noqa: E402
 from priority_router.store.packed import EXEC, MULTI, command  # noqa: E402
 from workers.local_redis import redis_or_embedded  # noqa: E402
 
 INTERVAL_MS = b"1500000"
 LUA = "local n = redis.call('INCR', KEYS[1]) redis.call('PEXPIRE', KEYS[1], ARGV[1]) return n"
+PUBLISH_INFLIGHT = (ROOT / "priority_router" / "store" / "lua" / "publish_inflight.lua").read_bytes()
 
 
 def in_multi(queued: Callable[[bytes], list[bytes]]) -> tuple[Callable[[bytes], bytes], int]:
@@ -72,14 +74,18 @@ def main() -> None:
         parts = urlsplit(url)
         db = b"12"
         sock = socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 6379))
-        sock.sendall(command(b"SELECT", db) + command(b"SCRIPT", b"LOAD", LUA.encode()))
+        sock.sendall(
+            command(b"SELECT", db)
+            + command(b"SCRIPT", b"LOAD", LUA.encode())
+            + command(b"SCRIPT", b"LOAD", PUBLISH_INFLIGHT)
+        )
         reader = hiredis.Reader()
         got: list[object] = []
-        while len(got) < 2:
+        while len(got) < 3:
             reader.feed(sock.recv(4096))
             while (reply := reader.gets()) is not False:
                 got.append(reply)
-        sha = got[1] if isinstance(got[1], bytes) else str(got[1]).encode()
+        sha, publish_sha = (g if isinstance(g, bytes) else str(g).encode() for g in got[1:])
 
         rng = random.Random(1)
         keys = [
@@ -101,7 +107,25 @@ def main() -> None:
                     command(b"GET", k + TIER_SUFFIX.encode()),
                 ]
             ),
-            "inflight publish with the tier: MULTI LPUSH PEXPIRE GET EXEC": in_multi(
+            "inflight publish with the tier: publish_inflight.lua": (
+                lambda k: command(
+                    b"EVALSHA",
+                    publish_sha,
+                    b"3",
+                    k + INFLIGHT_SUFFIX.encode(),
+                    k + TIER_SUFFIX.encode(),
+                    k + ORDER_SUFFIX.encode(),
+                    member(str(random.random())),
+                    b"0",
+                    INTERVAL_MS,
+                    b"1",
+                    b"0",
+                    SENTINEL,
+                    b"%d" % RESOLUTION,
+                ),
+                1,
+            ),
+            "the same without keeping order: MULTI LPUSH PEXPIRE GET EXEC": in_multi(
                 lambda k: [
                     command(b"LPUSH", k + INFLIGHT_SUFFIX.encode(), member(k.decode())),
                     command(b"PEXPIRE", k + INFLIGHT_SUFFIX.encode(), INTERVAL_MS),

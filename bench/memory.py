@@ -79,8 +79,9 @@ def load(
 ) -> float:
     """Send one check per key, ``batch`` checks per round trip; returns the seconds it took.
 
-    ``inflight``: the inflight mode's publish instead, one document in flight per client
-    (``MULTI; LPUSH key m; PEXPIRE key ms; EXEC``).  ``costed``: the document costs 2.5
+    ``inflight``: the inflight mode's publish instead, one document in flight per client:
+    what ``publish_inflight.lua`` leaves for a client checked at 0 (its list alone, no order
+    key), written as ``MULTI; LPUSH key m; PEXPIRE key ms; EXEC``.  ``costed``: the document costs 2.5
     (``...; INCRBY extras 1500; PEXPIRE extras ms; EXEC``)."""
     expiry = str(interval_ms).encode()
     extra = round(1.5 * RESOLUTION)
@@ -89,7 +90,7 @@ def load(
         m = member(str(uuid.uuid4()), extra if costed else 0)
         counted = command(b"LPUSH", k, m) if inflight else command(b"INCR", k)
         extras = b""
-        if costed and inflight:  # what lua/publish_costed.lua leaves for a new client
+        if costed and inflight:  # what lua/publish_inflight.lua leaves for a new client
             extras = command(b"RPUSH", k, sentinel(extra))
         elif costed:
             x = k + b":c"

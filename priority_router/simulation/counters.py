@@ -12,7 +12,10 @@ code but Redis TTL behaviour, so it is restated here and checked against the rea
   publish is ``LPUSH`` then ``PEXPIRE``, an end ``LREM`` then ``PEXPIRE``.  An end re-arms
   the list's TTL even when its document is not in the list (the list expired and was
   started again since), an end after the list expired or emptied changes nothing, and
-  Redis drops a list whose last entry goes.
+  Redis drops a list whose last entry goes.  A document is checked at no less than the
+  count its client's newest document still in flight was checked at, so that a client's
+  documents keep their order (``publish_inflight.lua``), unless that document was published
+  more than ``reset_interval`` seconds before (the order key's TTL, which only a publish arms).
 
 Redis counts TTLs in whole milliseconds; these compare seconds, so the two can differ only
 for a gap within a millisecond of ``reset_interval``.
@@ -70,18 +73,31 @@ class InflightCount:
         #: document -> the list it was pushed onto, until it ends
         self._list_of: dict[Hashable, float] = {}
         self._lists = 0
+        #: client -> (its newest document, the units it was checked at, when): the order key,
+        #: whose TTL only a publish arms
+        self._newest: dict[Hashable, tuple[Hashable, int, float]] = {}
 
     def record(self, client: Hashable, document: Hashable, now: float, units: int = 1) -> int:
         """The counted publish of ``document``, ``units`` of it, at ``now``; the pending
-        count it is checked at: minus what is in flight before it."""
+        count it is checked at: minus what is in flight before it, or minus what its
+        client's newest document still in flight was checked at, whichever is lower."""
         state = self._state.get(client)
         if state is None or now - state[1] > self.reset_interval:
             self._lists += 1
             state = self._state[client] = [0, now, self._lists]
         before = int(state[0])
-        state[0] = before + units
+        newest = self._newest.get(client)
+        if (
+            newest is not None
+            and self._list_of.get(newest[0]) == state[2]
+            and now - newest[2] <= self.reset_interval
+        ):
+            before = max(before, newest[1])
+        state[0] += units
         state[1] = now
         self._list_of[document] = state[2]
+        if before:
+            self._newest[client] = (document, before, now)
         return -before
 
     def end(self, client: Hashable, document: Hashable, now: float, units: int = 1) -> bool:

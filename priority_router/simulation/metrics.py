@@ -59,6 +59,8 @@ class ClientWaits:
     p50_wait: float
     p95_wait: float
     max_wait: float
+    #: Its documents that started before one it published earlier.
+    overtakes: int = 0
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,11 @@ class Outcome:
     #: Client -> what the workers' gate did to it, for each client with limits.
     gated: dict[str, GateStats] = field(default_factory=dict)
 
+    @property
+    def overtakes(self) -> int:
+        """Documents that started before one their client published earlier."""
+        return sum(w.overtakes for w in self.per_client.values())
+
 
 def summarize(policy: str, trace: Trace, schedule: Schedule) -> Outcome:
     """The metrics of ``schedule``, a run of ``trace`` under ``policy``."""
@@ -87,13 +94,29 @@ def summarize(policy: str, trace: Trace, schedule: Schedule) -> Outcome:
         services[c].append(d)
     per_client = {}
     slowdowns = []
+    overtakes = overtakes_by_client(trace, schedule.started)
     for c, client_id in enumerate(trace.clients):
         mine = sorted(by_client[c])
-        per_client[client_id] = ClientWaits(len(mine), statistics.median(mine), p95(mine), mine[-1])
+        per_client[client_id] = ClientWaits(
+            len(mine), statistics.median(mine), p95(mine), mine[-1], overtakes[c]
+        )
         slowdowns.append(slowdown(mine, services[c]))
     makespan = max(schedule.finished) - min(schedule.published)
     gated = {trace.clients[c]: stats for c, stats in schedule.gated.items()}
     return Outcome(policy, makespan, jain(slowdowns), per_client, waits, gated)
+
+
+def overtakes_by_client(trace: Trace, started: list[float]) -> list[int]:
+    """Per client (by index), its documents that started before one it published earlier
+    (documents are published in trace order)."""
+    latest = [float("-inf")] * len(trace.clients)
+    found = [0] * len(trace.clients)
+    for c, s in zip(trace.client, started, strict=True):
+        if s < latest[c]:
+            found[c] += 1
+        else:
+            latest[c] = s
+    return found
 
 
 def group_waits(trace: Trace, waits: list[float]) -> dict[str, list[float]]:

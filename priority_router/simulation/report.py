@@ -34,9 +34,10 @@ def seconds(value: float) -> str:
 
 
 def summary_table(outcomes: dict[str, Outcome], title: str) -> Table:
-    """One row per policy: makespan, Jain's index and the waits of every document."""
+    """One row per policy: makespan, Jain's index, the waits of every document, and the
+    documents that started before one their client published earlier."""
     table = Table(title=title)
-    for column in ("policy", "makespan", "Jain", "p50 wait", "p95 wait", "max wait"):
+    for column in ("policy", "makespan", "Jain", "p50 wait", "p95 wait", "max wait", "overtakes"):
         table.add_column(column, justify="left" if column == "policy" else "right")
     for name, outcome in outcomes.items():
         waits = outcome.waits
@@ -45,6 +46,7 @@ def summary_table(outcomes: dict[str, Outcome], title: str) -> Table:
             seconds(outcome.makespan),
             f"{outcome.jain:.3f}",
             *(seconds(v) for v in (statistics.median(waits), p95(waits), max(waits))),
+            f"{outcome.overtakes:,}",
         )
     return table
 
@@ -87,7 +89,11 @@ def policy_table(outcome: Outcome, trace: Trace, limit: int) -> Table:
         caption=caption,
     )
     group_of = dict(zip(trace.clients, trace.groups, strict=True))
-    for column in ("client", "group", "documents", "p50 wait", "p95 wait", "max wait"):
+    columns = ["client", "group", "documents", "p50 wait", "p95 wait", "max wait"]
+    ordered = outcome.overtakes == 0
+    if not ordered:
+        columns.append("overtakes")
+    for column in columns:
         table.add_column(column, justify="left" if column in ("client", "group") else "right")
     for client_id, w in shown:
         table.add_row(
@@ -97,6 +103,7 @@ def policy_table(outcome: Outcome, trace: Trace, limit: int) -> Table:
             seconds(w.p50_wait),
             seconds(w.p95_wait),
             seconds(w.max_wait),
+            *(() if ordered else (f"{w.overtakes:,}",)),
         )
     return table
 
@@ -130,8 +137,8 @@ def limits_table(outcomes: dict[str, Outcome], limits: Mapping[str, Limits], lim
 
 
 def as_json(outcomes: dict[str, Outcome]) -> dict[str, Any]:
-    """policy -> {"makespan", "jain", "per_client": {client: {"documents", "p50_wait",
-    "p95_wait", "max_wait"}}}, seconds rounded to the microsecond; with limits, also
+    """policy -> {"makespan", "jain", "overtakes", "per_client": {client: {"documents",
+    "p50_wait", "p95_wait", "max_wait", "overtakes"}}}, seconds rounded to the microsecond; with limits, also
     "limits": {client: {"max_running", "held", "held_seconds"}} for each client with limits."""
     return {name: _policy_json(o) for name, o in outcomes.items()}
 
@@ -140,12 +147,14 @@ def _policy_json(o: Outcome) -> dict[str, Any]:
     found: dict[str, Any] = {
         "makespan": round(o.makespan, 6),
         "jain": round(o.jain, 6),
+        "overtakes": o.overtakes,
         "per_client": {
             client_id: {
                 "documents": w.documents,
                 "p50_wait": round(w.p50_wait, 6),
                 "p95_wait": round(w.p95_wait, 6),
                 "max_wait": round(w.max_wait, 6),
+                "overtakes": w.overtakes,
             }
             for client_id, w in o.per_client.items()
         },

@@ -88,6 +88,11 @@ def client_id_from_inflight_key(prefix: str, key: str) -> str | None:
     return client_id_from_key(prefix, key[: -len(INFLIGHT_SUFFIX)])
 
 
+#: Ends the key of one client's order (inflight mode): the count its newest document in
+#: flight was checked at, and that document (``store/lua/publish_inflight.lua``).
+ORDER_SUFFIX = ":o"
+
+
 #: Ends the key of one client's tier (``tiers.py``).  It shares the client's hash tag, so on
 #: Redis Cluster it lives on the client's master and is read inside the client's check.
 TIER_SUFFIX = ":t"

@@ -50,6 +50,9 @@ class Layout:
     #: Ends the key of what the client's costed documents add (``costs.py``), after its hash
     #: tag; None: they are the oldest entry of the client's list.
     extras_suffix: str | None
+    #: Ends the key of the client's other state, cleared with it: the seed's extras, the
+    #: inflight mode's order.
+    companion_suffix: str
 
 
 class ClientKeys:
@@ -62,8 +65,7 @@ class ClientKeys:
         self._layout = layout
         #: Matches this mode's keys and no other (``SCAN``'s MATCH).
         self._pattern = glob_escape(prefix) + "{*}" + glob_escape(layout.suffix)
-        suffix = layout.extras_suffix
-        self._extras_pattern = None if suffix is None else glob_escape(prefix) + "{*}" + glob_escape(suffix)
+        self._companion_pattern = glob_escape(prefix) + "{*}" + glob_escape(layout.companion_suffix)
 
     @property
     def reset_interval_ms(self) -> int:
@@ -111,9 +113,14 @@ class ClientKeys:
 
     def clear(self, client_id: str) -> bool:
         """Forget one client; True when it had state."""
-        extras = self.extras_key(client_id)
-        # One command: the extras key shares the client's hash tag, so its slot on a Cluster.
-        return bool(self._redis.delete(self.key(client_id), *(() if extras is None else (extras,))))
+        companion = client_key(self._prefix, client_id) + self._layout.companion_suffix
+        # The companion shares the client's hash tag, so its slot on a Cluster; it may outlive
+        # the client's key (an order key after its list emptied), which alone says "had state".
+        with self._redis.pipeline(transaction=True) as pipe:
+            pipe.delete(self.key(client_id))
+            pipe.delete(companion)
+            had, _ = pipe.execute()
+        return bool(had)
 
     def scan(self, count: int = 500) -> Iterator[CounterState]:
         """Every tracked client, read in batches of ``count``."""
@@ -132,7 +139,7 @@ class ClientKeys:
         batch: list[bytes | str] = []
         # On Redis Cluster, redis-py splits ``unlink(*keys)`` into one UNLINK per hash slot,
         # so a batch whose keys live on several masters never sends a cross-slot command.
-        for pattern in filter(None, (self._pattern, self._extras_pattern)):
+        for pattern in (self._pattern, self._companion_pattern):
             for key in self._redis.scan_iter(match=pattern, count=count):
                 batch.append(key)
                 if len(batch) >= count:

@@ -4,11 +4,11 @@ One Redis list per active client holds the documents published and not yet finis
 ``pending = 1 - LLEN`` at a publish (the first document with nothing in flight is
 checked at 0, as in the seed mode), and ``pending = 0`` when the list is gone.
 
-- A counted publish is ``MULTI; LPUSH key m; PEXPIRE key ms; EXEC``: the seed check's
-  shape exactly (``LPUSH`` answers the new length as ``INCR`` answers the new count), one
-  atomic round trip sent pre-packed (``packed.py``), so a publish costs what a seed
-  publish costs.  A set would need a third command: ``SADD`` answers only whether it
-  added, so the count is one more ``SCARD``.
+- A counted publish is one script, ``publish_inflight.lua``: ``LPUSH`` the document,
+  re-arm the TTL, and read the count it is checked at, never less than what the client's
+  newest document still in flight was checked at (the order key ``<prefix>{token}:o``),
+  so a client's documents keep their order when its count falls.  Its ``EVALSHA`` is
+  sent pre-packed (``packed.py``), one round trip as a seed publish is.
 - The end of a document is ``MULTI; LREM key -1 m; PEXPIRE key ms; EXEC`` on the
   worker (``end_costed.lua`` once costs are in use, or when ``m`` is not there: the task
   id's digest is the key, so a document counted at another cost than its end expects is
@@ -23,8 +23,8 @@ checked at 0, as in the seed mode), and ``pending = 0`` when the list is gone.
   among the first looked at; newer documents that finish before a deep backlog of older
   ones pay for the backlog, and an end that finds nothing reads the whole list
   (``bench/inflight_end.py``).
-- Once tiers are in use, the publish's transaction also reads the client's tier (``GET``;
-  its key shares the client's hash tag).
+- Once tiers are in use, the publish's script also reads the client's tier (its key
+  shares the client's hash tag, as the order key does).
 - The TTL stays the idle reset, as a safety net for ends lost to crashes: every publish
   and every end re-arms it, so a list is dropped only after ``reset_interval`` seconds
   without either.
@@ -46,10 +46,16 @@ from typing import Any
 
 import redis
 
-from .client_ids import INFLIGHT_SUFFIX, TIER_SUFFIX, client_id_from_inflight_key, inflight_key
+from .client_ids import (
+    INFLIGHT_SUFFIX,
+    ORDER_SUFFIX,
+    TIER_SUFFIX,
+    client_id_from_inflight_key,
+    inflight_key,
+)
 from .client_keys import ClientKeys, Layout
-from .costs import ONE, SENTINEL, pending_before, sentinel_extras
-from .packed import CACHE_SIZE, EXEC, MULTI, bulk, command, supports, transact
+from .costs import ONE, RESOLUTION, SENTINEL, as_count
+from .packed import CACHE_SIZE, EXEC, MULTI, bulk, call, command, supports, transact
 
 
 def member(task_id: str, extra: int = 0) -> bytes:
@@ -76,6 +82,7 @@ INFLIGHT = Layout(
     read="llen",
     documents=lambda value: int(value) if value else None,
     extras_suffix=None,
+    companion_suffix=ORDER_SUFFIX,
 )
 
 
@@ -85,12 +92,13 @@ class InflightCounter(ClientKeys):
     def __init__(self, client: redis.Redis, prefix: str, reset_interval: float) -> None:
         super().__init__(client, prefix, reset_interval, INFLIGHT)
         self._expiry = str(self._interval_ms).encode()
-        #: Per key, with/without the tier's GET and the extras' read: the packed bytes
-        #: before and after the member, and the commands queued.
-        self._packed: dict[tuple[str, bool, bool], tuple[bytes, bytes, int]] = {}
         self._packs = supports(client)
-        self._publish_costed: Any = client.register_script((_LUA / "publish_costed.lua").read_text())
+        self._publish: Any = client.register_script((_LUA / "publish_inflight.lua").read_text())
         self._end_costed: Any = client.register_script((_LUA / "end_costed.lua").read_text())
+        #: Per key: the packed ``EVALSHA`` up to the document's entry (its keys).
+        self._heads: dict[str, bytes] = {}
+        #: Per (tier read, extras read): the packed arguments after the entry, for cost 1.
+        self._tails: dict[tuple[bool, bool], bytes] = {}
 
     def record(self, client_id: str, task_id: str) -> int:
         """One counted publish of document ``task_id`` of cost 1; returns the new pending count."""
@@ -101,23 +109,19 @@ class InflightCounter(ClientKeys):
         self, client_id: str, task_id: str, units: int = ONE, tier: bool = False, costs: bool = False
     ) -> tuple[int | float, Any]:
         """One counted publish of document ``task_id`` costing ``units``: the pending count it
-        is checked at (minus the costs in flight before it), and the client's stored tier when
-        ``tier``.  ``costs`` (any costed document counted under the prefix) reads the extras."""
+        is checked at (minus the costs in flight before it, or minus what the client's newest
+        document in flight was checked at, whichever is lower), and the client's stored tier
+        when ``tier``.  ``costs`` (any costed document counted under the prefix) reads the extras."""
         key = inflight_key(self._prefix, client_id)
         extra = units - ONE
-        if extra:
-            args = [member(task_id, extra), extra, self._interval_ms, int(tier), SENTINEL]
-            documents, extras, stored = self._publish_costed(keys=[key, _tier_of_list(key)], args=args)
-            return pending_before(int(documents) - 1, int(extras) - extra), stored
-        m = member(task_id)
+        entry = member(task_id, extra)
         if self._packs:
-            length, stored, oldest = self._packed_add(key, m, tier, costs)
+            before, stored = self._packed_publish(key, entry, extra, tier, costs)
         else:
-            length, stored, oldest = self._pipelined_add(key, m, tier, costs)
-        extras = sentinel_extras(oldest)
-        if extras is None:
-            return pending_before(length - 1, 0), stored
-        return pending_before(length - 2, extras), stored
+            keys = [key, _tier_of_list(key), _order_of_list(key)]
+            args = [entry, extra, self._expiry, _FLAG[tier], _FLAG[costs], SENTINEL, RESOLUTION]
+            before, stored = self._publish(keys=keys, args=args)
+        return as_count(-int(before)), stored if tier else None
 
     def end(self, client_id: str, task_id: str, units: int | None = None, costs: bool = False) -> int | None:
         """The end of document ``task_id``: the units it was counted with when this call
@@ -149,41 +153,37 @@ class InflightCounter(ClientKeys):
         removed, extra = self._end_costed(keys=[key], args=args)
         return ONE + int(extra) if removed else None
 
-    # -- the publish's round trip -------------------------------------------------------
+    def _packed_publish(self, key: str, entry: bytes, extra: int, tier: bool, costs: bool) -> Any:
+        head = self._heads.get(key)
+        if head is None:
+            keys = (key.encode(), _tier_of_list(key).encode(), _order_of_list(key).encode())
+            head = b"*13\r\n" + b"".join(
+                bulk(p) for p in (b"EVALSHA", self._publish.sha.encode(), b"3", *keys)
+            )
+            if len(self._heads) >= CACHE_SIZE:
+                self._heads.clear()
+            self._heads[key] = head
+        tail = self._tails.get((tier, costs)) if not extra else None
+        if tail is None:
+            tail = b"".join(
+                bulk(a) for a in (b"%d" % extra, self._expiry, _FLAG[tier], _FLAG[costs], SENTINEL)
+            )
+            tail += bulk(b"%d" % RESOLUTION)
+            if not extra:
+                self._tails[tier, costs] = tail
+        packed = head + bulk(entry) + tail
+        try:
+            return call(self._redis.connection_pool, packed)
+        except redis.exceptions.NoScriptError:
+            self._redis.script_load(self._publish.script)  # a restarted or flushed Redis
+            return call(self._redis.connection_pool, packed)
 
-    def _packed_add(self, key: str, m: bytes, tier: bool, costs: bool) -> tuple[int, Any, Any]:
-        parts = self._packed.get((key, tier, costs))
-        if parts is None:
-            parts = self._pack(key, tier, costs)
-        head, tail, queued = parts
-        replies = transact(self._redis.connection_pool, head + bulk(m) + tail, queued)
-        return int(replies[0]), replies[2] if tier else None, replies[-1] if costs else None
 
-    def _pack(self, key: str, tier: bool, costs: bool = False) -> tuple[bytes, bytes, int]:
-        raw = key.encode()
-        head = MULTI + b"*3\r\n$5\r\nLPUSH\r\n" + bulk(raw)
-        tail = command(b"PEXPIRE", raw, self._expiry)
-        if tier:
-            tail += command(b"GET", _tier_of_list(key).encode())
-        if costs:
-            tail += command(b"LINDEX", raw, b"-1")  # the extras entry, if the list has one
-        tail += EXEC
-        parts = head, tail, 2 + tier + costs
-        if len(self._packed) >= CACHE_SIZE:
-            self._packed.clear()
-        self._packed[key, tier, costs] = parts
-        return parts
+_FLAG = (b"0", b"1")
 
-    def _pipelined_add(self, key: str, m: bytes, tier: bool, costs: bool) -> tuple[int, Any, Any]:
-        with self._redis.pipeline(transaction=True) as pipe:
-            pipe.lpush(key, m)
-            pipe.pexpire(key, self._interval_ms)
-            if tier:
-                pipe.get(_tier_of_list(key))
-            if costs:
-                pipe.lindex(key, -1)
-            replies = pipe.execute()
-        return int(replies[0]), replies[2] if tier else None, replies[-1] if costs else None
+
+def _order_of_list(key: str) -> str:
+    return key[: -len(INFLIGHT_SUFFIX)] + ORDER_SUFFIX
 
 
 def _tier_of_list(key: str) -> str:

@@ -71,6 +71,19 @@ def transact(pool: redis.ConnectionPool, packed: bytes, queued: int) -> list[Any
     return replies
 
 
+def call(pool: redis.ConnectionPool, packed: bytes) -> Any:
+    """Send one pre-packed command on a pooled connection; its reply (an error reply is raised)."""
+    conn = pool.get_connection()
+    try:
+        conn.send_packed_command([packed])  # type: ignore[no-untyped-call]
+        return conn.read_response()
+    except BaseException:
+        conn.disconnect()  # type: ignore[no-untyped-call]
+        raise
+    finally:
+        pool.release(conn)
+
+
 @dataclass(frozen=True)
 class Extras:
     """A check's use of the client's extras key (``costs.py``): add ``add`` units, or

@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 import redis
-from support.redis_wire import record_sends, send_cut_before_exec
+from support.redis_wire import record_sends
 
 from priority_router import PriorityRouter
 from priority_router.store.inflight import InflightCounter, member
@@ -65,12 +65,11 @@ def test_ends_in_any_order(client: redis.Redis, key_prefix: str) -> None:
     assert router.peek("acme").pending == 0
 
 
-def test_a_publish_is_the_seed_checks_shape(
+def test_a_publish_is_one_round_trip_as_a_seed_check(
     client: redis.Redis, key_prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """One round trip of MULTI, one counting command, PEXPIRE, EXEC: what a seed check sends,
-    so publishing in this mode costs what it costs in the seed mode; the same with the
-    tier's GET once tiers are in use."""
+    """One ``EVALSHA`` (the script keeps a client's documents in order), one round trip as
+    a seed check; the same once tiers are in use (the script reads the tier)."""
     inflight = make(client, key_prefix)
     seed = PriorityRouter(redis_client=client, key_prefix=key_prefix)
     inflight.record("warm", "w")
@@ -85,14 +84,14 @@ def test_a_publish_is_the_seed_checks_shape(
     inflight.record("acme", "doc-1")
     seed.record("acme")
     assert len(sent) == 2, "one round trip each"
-    assert commands(sent[0]) == [b"MULTI", b"LPUSH", b"PEXPIRE", b"EXEC"]
+    assert commands(sent[0]) == [b"EVALSHA"]
     assert commands(sent[1]) == [b"MULTI", b"INCR", b"PEXPIRE", b"EXEC"]
-    inflight.set_tier("someone", shift=1)
-    seed.set_tier("someone", shift=1)
+    inflight.set_tier("acme", shift=1)
+    seed.set_tier("acme", shift=1)
     sent.clear()
-    inflight.record("acme", "doc-2")
+    assert inflight.record("acme", "doc-2").tier == "client: shift=1"
     seed.record("acme")
-    assert commands(sent[0]) == [b"MULTI", b"LPUSH", b"PEXPIRE", b"GET", b"EXEC"]
+    assert commands(sent[0]) == [b"EVALSHA"]
     assert commands(sent[1]) == [b"MULTI", b"INCR", b"PEXPIRE", b"GET", b"EXEC"]
 
 
@@ -104,7 +103,8 @@ def test_every_list_has_the_idle_reset(client: redis.Redis, key_prefix: str) -> 
     for n, d in enumerate(docs[:10]):
         router.end(f"c{n % 4}", d)
     ttls = [client.pttl(k) for k in client.scan_iter(match=key_prefix + "{*")]
-    assert len(ttls) == 4 and all(0 < ttl <= 30_000 for ttl in ttls)
+    assert len(ttls) == 8, "each client's list and its order key"
+    assert all(0 < ttl <= 30_000 for ttl in ttls)
 
 
 def test_lost_ends_are_cleared_by_the_idle_reset(client: redis.Redis, key_prefix: str) -> None:
@@ -159,11 +159,32 @@ def test_entries_are_stored_compactly(real_redis: redis.Redis, key_prefix: str) 
     assert per_entry < 20, f"{per_entry:.1f} bytes an entry: entries are not 8 bytes"
 
 
-@pytest.mark.integration
-def test_a_publish_cut_off_before_exec_changes_nothing(real_redis: redis.Redis, key_prefix: str) -> None:
-    counter = InflightCounter(real_redis, key_prefix, 1500)
-    key = counter.key("cut")
-    head, tail, _ = counter._pack(key, False)
-    send_cut_before_exec(real_redis, head + b"$8\r\n" + member("cut") + b"\r\n" + tail)
-    time.sleep(0.05)
-    assert real_redis.exists(key) == 0
+def test_a_document_published_while_older_ones_wait_goes_behind_them(
+    client: redis.Redis, key_prefix: str
+) -> None:
+    """The count falls as documents finish, but a new document is checked no lower than the
+    client's newest document in flight, so it never goes out more urgent than one waiting."""
+    router = make(client, key_prefix)
+    docs = ids(30)
+    checked = [router.record("acme", d) for d in docs]
+    for d in docs[:25]:
+        router.end("acme", d)
+    assert router.peek("acme").pending == -4, "5 in flight"
+    later = router.record("acme", "later")
+    assert later.pending == -29 and later.priority == checked[-1].priority == 9
+    assert router.record("acme", "after").pending == -29, "and so on, while they are in flight"
+
+
+def test_once_the_newest_document_finished_the_count_alone_decides(
+    client: redis.Redis, key_prefix: str
+) -> None:
+    router = make(client, key_prefix)
+    router.record("acme", "a")
+    router.record("acme", "b")
+    router.record("acme", "c")
+    router.end("acme", "c")  # the newest: "a" and "b", published before it, have started
+    assert router.record("acme", "d").pending == -2
+    router.end("acme", "a")
+    router.end("acme", "b")
+    router.end("acme", "d")
+    assert router.record("acme", "e").pending == 0

@@ -77,6 +77,25 @@ def test_a_burst_sinks_its_client_and_it_climbs_back(
     assert router.peek("bursty").priority == 1
 
 
+def test_a_clients_documents_start_in_the_order_it_published_them_as_its_count_falls(
+    producer: Callable[[], Celery], worker_env: dict[str, str]
+) -> None:
+    """One worker slot, 80 documents, then 10 more once 70 have finished: by its count (10
+    in flight) the newer ones would go out more urgent than the older ones still waiting
+    and start first; each goes behind them instead, and the 90 start in publish order."""
+    env = _env(worker_env)
+    app = _app(producer, env)
+    first = [app.send_task(HOLD, (0.1,), headers={"client_id": "acme"}) for _ in range(80)]
+    with running_worker(env, "--pool", "solo"):
+        first[69].get(timeout=90)
+        more = [app.send_task(HOLD, (0.1,), headers={"client_id": "acme"}) for _ in range(10)]
+        done = [r.get(timeout=90) for r in first + more]
+    by_start = sorted(range(90), key=lambda n: done[n]["started_at"])
+    assert by_start == list(range(90)), [(n, done[n]["priority"]) for n in by_start[60:]]
+    newer = [r["pending"] for r in done[80:]]
+    assert all(p <= done[79]["pending"] for p in newer), "checked behind the newest in flight"
+
+
 @pytest.fixture
 def own_counter_store() -> Iterator[str]:
     """A throwaway redis-server for the counter store alone, so that stalling it stalls

@@ -48,8 +48,9 @@ def retry_once(self: Task, client_id: str) -> dict[str, Any]:
 
 @shared_task(bind=True, name="tests.hold_and_record")
 def hold_and_record(self: Task, seconds: float, client_id: str | None = None) -> dict[str, Any]:
+    started = time.time()
     time.sleep(seconds)
-    return _seen(self)
+    return {**_seen(self), "started_at": started}
 
 
 _rejected: set[str] = set()

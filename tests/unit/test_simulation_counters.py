@@ -248,7 +248,8 @@ def test_an_inflight_check_is_at_minus_the_costs_in_flight_and_an_end_gives_its_
     assert count.record("a", "invoice", 0, 1000) == -30_000
     assert count.end("a", "scan", 1, 30_000) is True
     assert count.end("a", "scan", 1, 30_000) is False  # once only
-    assert count.record("a", "note", 2, 2500) == -1000  # only the invoice is in flight
+    # Only the invoice is in flight, but the note goes behind it: checked where it was checked.
+    assert count.record("a", "note", 2, 2500) == -30_000
     assert count.pending("a", 2) == 1000 - 3500
     assert count.end("a", "invoice", 3, 1000) and count.end("a", "note", 3, 2500)
     assert count.pending("a", 3) == 0 and count.record("a", "next", 4, 1000) == 0  # nothing in flight

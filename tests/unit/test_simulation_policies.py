@@ -86,6 +86,25 @@ def test_inflight_ends_free_the_count() -> None:
     assert started_of(seeded, docs, "heavy")[-1] == 24
 
 
+def test_inflight_keeps_each_clients_order_as_its_count_falls() -> None:
+    # One slot, 80 documents, 10 more once 70 have started: by the count (10 in flight) the
+    # 10 would go out at priority 5 ahead of the 9 older ones still waiting at 9.
+    docs = trace_of(*[(0.0, "acme", 1.0)] * 80, *[(70.5, "acme", 1.0)] * 10)
+    for policy in ("fifo", "seed", "inflight", "drr"):
+        outcome = summarize(policy, docs, run(docs, build(policy, RouterConfig()), 1))
+        assert outcome.overtakes == 0, policy
+        assert started_of(run(docs, build(policy, RouterConfig()), 1), docs, "acme") == list(range(90))
+
+
+def test_overtakes_count_documents_that_start_before_an_older_one_of_their_client() -> None:
+    # a0 a1 b0 a2 published in that order; a2 starts first, then a1, b0, a0.
+    docs = trace_of((0.0, "a", 1.0), (0.1, "a", 1.0), (0.2, "b", 1.0), (0.3, "a", 1.0))
+    schedule = Schedule(published=[0.0, 0.1, 0.2, 0.3], started=[9.0, 5.0, 6.0, 1.0], finished=[10.0] * 4)
+    outcome = summarize("made up", docs, schedule)
+    assert {c: w.overtakes for c, w in outcome.per_client.items()} == {"a": 2, "b": 0}
+    assert outcome.overtakes == 2
+
+
 def test_a_sweep_promotes_what_is_overdue_oldest_first_ahead_of_every_priority() -> None:
     queue = RouterQueue("seed", DEFAULT_THRESHOLDS, 1500, max_wait=1.0)
     docs = trace_of(*[(0.1 * i, "heavy", 1.0) for i in range(25)], (3.0, "light", 1.0))
