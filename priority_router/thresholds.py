@@ -72,6 +72,16 @@ class Policy:
                 "as in DEFAULT_THRESHOLDS",
             )
         check_priority("thresholds fallback", self.fallback)
+        priorities = [row.priority for row in rows] + [self.fallback]
+        if any(deeper < shallower for deeper, shallower in pairwise(priorities)):
+            raise ConfigurationError(
+                "thresholds",
+                f"priorities {priorities} (lowest limit first, then the fallback) get more urgent "
+                "for a busier client somewhere, which would also run a client's later documents "
+                "before its earlier ones",
+                "give each row a priority the same as or more urgent (lower) than the row below "
+                "it, as in DEFAULT_THRESHOLDS",
+            )
         deepest = -rows[0].below
         if deepest <= MAX_TABLE:
             object.__setattr__(self, "_table", tuple(self._scan(-i) for i in range(deepest + 1)))

@@ -119,8 +119,8 @@ def test_thresholds_and_reset_interval_change_the_router_policies(
     assert heavy_max() == pytest.approx(5.8)  # pending -6: priority 3
     assert heavy_max("--reset-interval", "10") == pytest.approx(3.8)  # idle 20 s: reset, priority 1
     assert heavy_max(before=("--reset-interval", "10")) == pytest.approx(3.8)  # the group's option too
-    # The table as given: -6 < -5 is priority 1 again, medium's -3 and -4 stay at 2.
-    assert heavy_max("--thresholds=-5:1,-2:2") == pytest.approx(3.8)
+    # The table as given: -6 is under no limit but -7's, priority 2 with medium's -3 and -4.
+    assert heavy_max("--thresholds=-7:3,-2:2,fallback:1") == pytest.approx(5.8)
     assert heavy_max("--thresholds", "-5:9,-2:2,fallback:1") == pytest.approx(5.8)
 
 

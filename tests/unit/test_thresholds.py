@@ -65,6 +65,15 @@ def test_invalid_tables_name_the_setting(rows: list, message: str) -> None:
     assert "Fix:" in str(info.value)
 
 
+def test_a_table_more_urgent_for_a_busier_client_is_refused() -> None:
+    """It would run a client's later documents before its earlier ones, in either mode."""
+    with pytest.raises(ConfigurationError, match="more urgent") as raised:
+        Policy.from_rows([(-20, 2), (-10, 9)])
+    assert "[2, 9, 1]" in raised.value.problem
+    with pytest.raises(ConfigurationError, match="more urgent"):
+        Policy.from_rows([(-20, 9), (-10, 5)], fallback=6)
+
+
 def test_fallback_out_of_range() -> None:
     with pytest.raises(ConfigurationError, match="fallback"):
         Policy.from_rows([(-2, 2)], fallback=12)
@@ -92,15 +101,25 @@ def test_more_pending_is_never_more_urgent(a: int, b: int) -> None:
     assert DEFAULT_THRESHOLDS.priority_for(low) >= DEFAULT_THRESHOLDS.priority_for(high)
 
 
-rows = st.lists(
-    st.tuples(st.integers(-1000, 0), st.integers(1, 9)), min_size=1, max_size=9, unique_by=lambda r: r[0]
-).map(lambda rs: sorted(rs))
+def _monotone(limits: list[int], priorities: list[int]) -> list[tuple[int, int]]:
+    """Rows lowest limit first, their priorities the same or more urgent going up."""
+    return list(zip(sorted(limits), sorted(priorities, reverse=True), strict=True))
+
+
+rows = st.integers(1, 9).flatmap(
+    lambda n: st.builds(
+        _monotone,
+        st.lists(st.integers(-1000, 0), min_size=n, max_size=n, unique=True),
+        st.lists(st.integers(1, 9), min_size=n, max_size=n),
+    )
+)
 
 
 @given(rows, st.integers(1, 9), st.integers(-2000, 2000))
 def test_any_valid_table_picks_the_first_matching_row(
     table: list[tuple[int, int]], fallback: int, pending: int
 ) -> None:
+    fallback = min(fallback, table[-1][1])
     policy = Policy.from_rows(table, fallback=fallback)
     expected = next((p for limit, p in table if pending < limit), fallback)
     assert policy.priority_for(pending) == expected
