@@ -59,7 +59,7 @@ def test_a_policy_table_lists_the_longest_waits_first_when_clients_are_many(
     assert sum(1 for line in table.splitlines() if "│ light" in line or "│ heavy" in line) == 3
 
 
-def test_json_is_exactly_policy_makespan_jain_and_per_client_waits(
+def test_json_is_exactly_policy_makespan_jain_overtakes_and_per_client_waits(
     cli: Callable[..., Result], trace: Path
 ) -> None:
     result = cli("simulate", str(trace), "--workers", "1", "--json")
@@ -67,14 +67,15 @@ def test_json_is_exactly_policy_makespan_jain_and_per_client_waits(
     data = json.loads(result.stdout)
     assert list(data) == ["fifo", "seed", "inflight", "drr"]
     for policy in data.values():
-        assert set(policy) == {"makespan", "jain", "per_client"}
+        assert set(policy) == {"makespan", "jain", "overtakes", "per_client"}
         assert set(policy["per_client"]) == {"heavy", "light"}
         for client in policy["per_client"].values():
-            assert set(client) == {"documents", "p50_wait", "p95_wait", "max_wait"}
+            assert set(client) == {"documents", "p50_wait", "p95_wait", "max_wait", "overtakes"}
+        assert policy["overtakes"] == 0
     assert data["fifo"]["makespan"] == 5
     assert data["fifo"]["per_client"] == {
-        "heavy": {"documents": 4, "p50_wait": 1.5, "p95_wait": 2.85, "max_wait": 3.0},
-        "light": {"documents": 1, "p50_wait": 3.5, "p95_wait": 3.5, "max_wait": 3.5},
+        "heavy": {"documents": 4, "p50_wait": 1.5, "p95_wait": 2.85, "max_wait": 3.0, "overtakes": 0},
+        "light": {"documents": 1, "p50_wait": 3.5, "p95_wait": 3.5, "max_wait": 3.5, "overtakes": 0},
     }
     # The router: light's priority-1 document goes before heavy's 4th (priority 2);
     # DRR: light gets the turn after heavy's second document.
