@@ -10,7 +10,6 @@ remote-control ``active_queues`` and ``conf`` inspections, so a publisher can se
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import weakref
 from collections.abc import Iterable
@@ -20,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from celery import Celery
 from kombu.transport.redis import PRIORITY_STEPS as KOMBU_PRIORITY_STEPS
 
+from ..forks import renew_after_fork
 from ..thresholds import LEAST_URGENT, MOST_URGENT
 from .brokers import Transport, to_wire
 
@@ -131,9 +131,6 @@ def check_at_start(app: Celery, transport: Transport, queues: Iterable[str], hos
     threading.Thread(target=look, name="priority-router-worker-check", daemon=True).start()
 
 
-_watches: weakref.WeakSet[ConsumerWatch] = weakref.WeakSet()
-
-
 class ConsumerWatch:
     """A publisher's background check, every ``interval`` seconds while it publishes,
     that no worker consuming its queues is blind to some priorities.  Each blind worker
@@ -151,7 +148,11 @@ class ConsumerWatch:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._warned: set[tuple[str, str]] = set()
-        _watches.add(self)
+        renew_after_fork(self)
+
+    def after_fork(self) -> None:
+        # Threads do not survive fork; a forked publisher starts its own checks.
+        self._thread = None
 
     def published(self) -> None:
         """Note a publish; starts the checks in this process on first use."""
@@ -207,12 +208,3 @@ class ConsumerWatch:
 
 
 _start_lock = threading.Lock()
-
-
-def _forget_threads_after_fork() -> None:
-    # Threads do not survive fork; a forked publisher starts its own checks.
-    for watch in list(_watches):
-        watch._thread = None
-
-
-os.register_at_fork(after_in_child=_forget_threads_after_fork)

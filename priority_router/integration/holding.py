@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -32,6 +31,8 @@ from celery import Celery
 from kombu.connection import Connection
 from kombu.entity import Queue
 from kombu.messaging import Producer
+
+from ..forks import renew_after_fork
 
 logger = logging.getLogger("priority_router")
 
@@ -98,10 +99,16 @@ class Holding:
         self._app = app
         self._prefix = prefix
         self._lock = threading.RLock()
-        self._pid = 0
         self._connection: Connection | None = None
         self._channel: Any = None
         self._errors: tuple[type[BaseException], ...] | None = None
+        renew_after_fork(self)
+
+    def after_fork(self) -> None:
+        """The parent's gate thread holds the lock across broker calls, and a child must not
+        share the parent's socket: it starts with a free lock and connects on its own."""
+        self._lock = threading.RLock()
+        self._connection, self._channel = None, None
 
     def queue(self, client_id: str) -> Queue:
         return Queue(holding_queue_name(self._prefix, client_id), durable=True, auto_delete=False)
@@ -211,9 +218,6 @@ class Holding:
     @contextmanager
     def _using(self) -> Iterator[Any]:
         with self._lock:
-            if self._pid != os.getpid():
-                # A forked child must not share its parent's socket.
-                self._connection, self._channel, self._pid = None, None, os.getpid()
             try:
                 if self._channel is None:
                     self._connect()

@@ -29,6 +29,8 @@ from collections.abc import Callable
 import redis
 from redis.exceptions import RedisClusterException
 
+from ..forks import renew_after_fork
+
 logger = logging.getLogger("priority_router")
 
 #: What a failing counter store raises: these open the breaker; anything else is a bug.
@@ -46,9 +48,6 @@ PURPOSES = {
 
 
 #: Every breaker of the process, so that a forked child gets fresh locks (below).
-_BREAKERS: weakref.WeakSet[CircuitBreaker] = weakref.WeakSet()
-
-
 class CircuitBreaker:
     """One counter store's health in one process, shared by every purpose that uses it."""
 
@@ -77,7 +76,13 @@ class CircuitBreaker:
         #: The probing thread and the process it runs in (a forked child has none).
         self._prober: threading.Thread | None = None
         self._prober_pid = 0
-        _BREAKERS.add(self)
+        renew_after_fork(self)
+
+    def after_fork(self) -> None:
+        """A prefork pool forks while the parent's prober may hold this lock: the child would
+        wait on it for good in its first publish.  Its lock starts free, its prober on its own."""
+        self._lock = threading.Lock()
+        self._prober = None
 
     @property
     def is_open(self) -> bool:
@@ -226,16 +231,3 @@ def _probe_until_answered(ref: weakref.ref[CircuitBreaker]) -> None:
                     breaker._next_call = breaker._clock() + breaker._cooldown
             return
         del breaker
-
-
-def _after_fork_in_child() -> None:
-    """A prefork pool forks while the parent's prober may hold a breaker's lock: the child
-    would then wait on it forever in its first publish.  Its locks start free, its prober
-    starts on its own."""
-    for breaker in list(_BREAKERS):
-        breaker._lock = threading.Lock()
-        breaker._prober = None
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import redis
 
 from ..errors import ConfigurationError
+from ..forks import renew_after_fork
 from ..limits import NONE, Limits, decode
 from .client_ids import default_limits_key, limits_key, limits_version_key
 
@@ -64,6 +65,11 @@ class LimitStore:
         self._until = 0.0
         self._lock = threading.Lock()
         self._warned: set[str] = set()
+        renew_after_fork(self)
+
+    def after_fork(self) -> None:
+        # The parent's gate thread reads the limits under this lock every quarter second.
+        self._lock = threading.Lock()
 
     def set(self, client_id: str, limits: Limits) -> None:
         self._redis.hset(self._hash, client_id, limits.encode())

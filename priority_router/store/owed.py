@@ -10,13 +10,13 @@ reply was lost, sent again, changes nothing.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
-import weakref
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
+
+from ..forks import renew_after_fork
 
 #: The most ends one process keeps; past it the oldest are forgotten (the idle reset then
 #: clears what they would have ended).
@@ -37,9 +37,9 @@ class OwedEnds(Generic[E]):
         self._retrier: threading.Thread | None = None
         #: How the retrier sends, once one was asked for: ends given back start it again.
         self._sending: tuple[float, Callable[[], object]] | None = None
-        _ALL.add(self)
+        renew_after_fork(self)
 
-    def _after_fork(self) -> None:
+    def after_fork(self) -> None:
         # A forked child (a prefork pool process) has no retrier thread, and a lock the
         # parent's retrier held at the fork would never be released in it.
         self._lock = threading.Lock()
@@ -94,15 +94,3 @@ class OwedEnds(Generic[E]):
                 if not self._ends:
                     self._retrier = None  # under the lock: an add from now on starts another
                     return
-
-
-#: Every queue of owed ends in the process, for the fork handler below.
-_ALL: weakref.WeakSet[OwedEnds[Any]] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    for owed in list(_ALL):
-        owed._after_fork()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)

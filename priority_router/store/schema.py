@@ -21,6 +21,7 @@ from collections.abc import Callable
 import redis
 
 from ..errors import ConfigurationError
+from ..forks import renew_after_fork
 
 logger = logging.getLogger("priority_router")
 
@@ -65,6 +66,11 @@ class StoreSchema:
         self._checked_at: float | None = None
         self._refused: SchemaMismatch | None = None
         self._claimed = False
+        self._lock = threading.Lock()
+        renew_after_fork(self)
+
+    def after_fork(self) -> None:
+        # Held across a round trip: another thread may hold it when a prefork pool forks.
         self._lock = threading.Lock()
 
     def check(self, claim: bool = True) -> None:

@@ -129,6 +129,24 @@ def test_a_cap_holds_across_worker_processes_and_hosts(
     assert _runs_of(seen, env, bulk) == [1] * 12
 
 
+def test_a_cap_holds_while_a_prefork_pool_recycles_its_processes(
+    producer: Callable[[], Celery], runs: tuple[dict[str, str], redis.Redis]
+) -> None:
+    """``--max-tasks-per-child=1`` forks a process per document while the worker's gate
+    thread reads limits and holding queues: a process forked while it held a lock waited on
+    it for good, and the client's cap with it (a field trial stalled within 15-90 documents;
+the race itself is forced in tests/unit/test_forks.py)."""
+    env, seen = runs
+    _router(env).set_tier("bulk", max_in_flight=1)
+    app = producer()
+    bulk = _send(app, "bulk", 0.02, 24)
+    with running_worker(env, "--pool", "prefork", "--concurrency", "2", "--max-tasks-per-child", "1"):
+        for r in bulk:
+            r.get(timeout=120)
+    assert int(seen.hget(env["RUNS_KEY"], "max:bulk") or 0) == 1
+    assert _runs_of(seen, env, bulk) == [1] * 24
+
+
 def test_lifting_a_cap_starts_the_held_documents_within_seconds(
     producer: Callable[[], Celery], runs: tuple[dict[str, str], redis.Redis]
 ) -> None:
