@@ -4,27 +4,30 @@ The ``Giants`` workload of ``priority_router/simulation/workloads.py`` (the simu
 ``several-giants``, scaled down): giants dump ``--giants`` documents each, ``--giant-gap``
 seconds apart; medium clients dump ``--medium`` documents each, from ``--medium-at``,
 ``--medium-gap`` apart; ``--light-clients`` clients send ``--light-docs`` each, evenly over
-``--light-spread`` seconds.  A client is light with at most 20 documents, medium with more and
-at most a tenth of the largest giant's (docs/scheme.md's groups).  Every document holds a slot
-for ``--doc-min-ms`` to ``--doc-max-ms`` (uniform, seeded: the same lengths in every run), on
-one real worker with ``--threads`` threads.
+``--light-spread`` seconds from ``--light-start``.  A client is light with at most 20
+documents, medium with more and at most a tenth of the largest giant's (docs/scheme.md's
+groups).  Every document holds a slot for ``--doc-min-ms`` to ``--doc-max-ms`` (uniform,
+seeded: the same lengths in every run), on one real worker with ``--threads`` threads.
 
 Configurations, each repeat running every one in turn: plain (Celery's defaults,
-``WORKERS_ROUTER=off``), seed (the router in the seed mode with the scheme's table) and wide
-(the same with ``PRIORITY_ROUTER_THRESHOLDS=wide``).  A wait is the worker's ``started_at``
-minus the publisher's clock when ``send_task`` returned; the makespan runs from just before
-the first publish to the last finish.  Per client group: p50, p95 and longest wait, the
-medians over ``--repeat``.
+``WORKERS_ROUTER=off``), default (the router, seed mode, the scheme's table) and wide (the
+same with ``PRIORITY_ROUTER_THRESHOLDS=wide``).  A wait is the worker's ``started_at`` minus
+the publisher's clock when ``send_task`` returned; the makespan runs from just before the
+first publish to the last finish.  Per client group: p50, p95 and longest wait, the medians
+over ``--repeat``, then the ratios of those medians.
 
 Beside each real figure, the simulator's (``priority_router.simulation``) for the same
-documents: each run replayed as ``bench/simulate_fidelity.py`` replays one (the publish times
-the publisher recorded, the slot times the worker reported, the run's median dispatch gap as
-the overhead) on ``--threads`` slots, plain as ``fifo``, seed and wide as ``seed`` with that
-table.  The simulator models the Redis transport; RabbitMQ serves priorities in the same order.
+documents: each run replayed as ``bench/simulate_fidelity.py`` replays one (the publish
+times the publisher recorded, the slot times the worker reported, the run's median dispatch
+gap as the overhead) on ``--threads`` slots, plain as ``fifo``, default and wide as ``seed``
+with that table.  The simulator models the Redis transport; RabbitMQ serves priorities in
+the same order.
 
-    python bench/giants.py                     # Redis broker, each configuration once: about 2 minutes
-    python bench/giants.py --repeat 2          # docs/performance.md's Redis table, about 4 minutes
-    python bench/giants.py --broker amqp://guest:guest@127.0.0.1:5672//
+Each run takes 35-38 s here (2 cores), about 110 s for the three configurations:
+
+    python bench/giants.py                     # Redis broker, each configuration once
+    python bench/giants.py --repeat 3          # docs/performance.md's tables, about 5.5 minutes
+    python bench/giants.py --repeat 3 --broker amqp://guest:guest@127.0.0.1:5672//
 """
 
 from __future__ import annotations
@@ -56,9 +59,11 @@ from workers.workload import Giants, Sent, publish_timed  # noqa: E402
 #: name -> (router on, ``PRIORITY_ROUTER_THRESHOLDS``, the simulator's policy, its configuration)
 CONFIGS: dict[str, tuple[bool, str, str, RouterConfig]] = {
     "plain": (False, "default", "fifo", RouterConfig()),
-    "seed": (True, "default", "seed", RouterConfig()),
+    "default": (True, "default", "seed", RouterConfig()),
     "wide": (True, "wide", "seed", RouterConfig(thresholds=WIDE_THRESHOLDS)),
 }
+#: The ratios shown: (configuration, the one it is divided by).
+RATIOS = (("default", "plain"), ("wide", "plain"), ("wide", "default"))
 GROUPS = ("light", "medium", "giant")
 #: What a run reports, in the tables' order (seconds).
 METRICS = [f"{group} {m}" for group in GROUPS for m in ("p50", "p95", "max")] + ["makespan"]
@@ -209,9 +214,7 @@ def main() -> None:
         [c if kind == "real" else "sim" for c, kind in columns],
         lambda m: [_show(median[c][m]) for c in columns],
     )
-    pairs = [
-        (a, b) for a, b in (("seed", "plain"), ("wide", "plain"), ("wide", "seed")) if a in runs and b in runs
-    ]
+    pairs = [(a, b) for a, b in RATIOS if a in runs and b in runs]
     if pairs:
         print("\nratios of the medians:")
         _table(
