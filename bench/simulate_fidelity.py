@@ -26,6 +26,7 @@ import argparse
 import bisect
 import statistics
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -69,12 +70,12 @@ def recorded_trace(measured: Measured) -> Trace:
     return builder.build()
 
 
-def dispatch_gap(measured: Measured) -> float:
-    """The median time from a slot's finish to the start of a document that waited for it."""
-    _, _, published, results = measured
+def dispatch_gap(published: Mapping[str, float], results: Mapping[str, dict[str, Any]]) -> float:
+    """The median time from a slot's finish to the start of a document that waited for it,
+    from task id -> publish time and task id -> the worker's report (``bench/giants.py`` too)."""
     finishes = sorted(r["finished_at"] for r in results.values())
     gaps = []
-    for tid, (_, at) in published.items():
+    for tid, at in published.items():
         started = results[tid]["started_at"]
         i = bisect.bisect_right(finishes, started) - 1
         if i >= 0 and finishes[i] > at:
@@ -107,7 +108,7 @@ def main() -> None:
             for mode in ("plain", "router"):
                 measured = measure(mode, args, redis_url)
                 policy = POLICY[mode]
-                gap = dispatch_gap(measured)
+                gap = dispatch_gap({tid: at for tid, (_, at) in measured[2].items()}, measured[3])
                 rows.append(
                     {
                         "run": f"{mode} / {policy}",

@@ -1,6 +1,6 @@
 """Publishing the benchmarks' workloads to real Celery workers.
 
-The workloads themselves (``NoisyNeighbour``, ``SteadyBurst``, ``HeavyMix``) and the
+The workloads themselves (``NoisyNeighbour``, ``SteadyBurst``, ``HeavyMix``, ``Giants``) and the
 fairness metrics live in the package, ``priority_router.simulation``, so the simulator
 replays the very documents these functions publish, and both measure them alike.
 """
@@ -14,12 +14,13 @@ from celery import Celery
 from priority_router.demo import documents
 from priority_router.demo.documents import Wait
 from priority_router.simulation.metrics import jain, p95, slowdown, waits_by_group
-from priority_router.simulation.workloads import Document, HeavyMix, NoisyNeighbour, SteadyBurst
+from priority_router.simulation.workloads import Document, Giants, HeavyMix, NoisyNeighbour, SteadyBurst
 
 __all__ = [
     "HOLD",
     "PROCESS",
     "Document",
+    "Giants",
     "HeavyMix",
     "NoisyNeighbour",
     "Sent",
@@ -50,7 +51,7 @@ def publish(
     return documents.publish(app, workload, wait, published, hold_task=HOLD, pages_task=PROCESS)
 
 
-# --- Fairness between counting modes (bench/fairness_modes.py) ---------------------------------
+# --- Timed workloads: counting modes (bench/fairness_modes.py), giants (bench/giants.py) ---------
 
 #: Task id -> (the document, the publisher's clock just after ``send_task`` returned).
 Sent = dict[str, tuple[Document, float]]

@@ -1,9 +1,10 @@
 """The built-in workloads: the same definitions the real benchmarks publish and the simulator replays.
 
 ``workers/workload.py`` publishes these documents to real Celery workers (the demo,
-``bench/fairness.py``, ``bench/fairness_modes.py``, ``bench/starvation.py``); each
-workload's :meth:`trace` is the same documents for the simulator.  Document lengths are
-seeded, so two runs of one workload (real or simulated) send the same documents.
+``bench/fairness.py``, ``bench/fairness_modes.py``, ``bench/starvation.py``,
+``bench/giants.py``); each workload's :meth:`trace` is the same documents for the
+simulator.  Document lengths are seeded, so two runs of one workload (real or simulated)
+send the same documents.
 :class:`MixedSizes` and :class:`SlowNeighbour` are the simulator's only: no benchmark
 publishes them.
 """
