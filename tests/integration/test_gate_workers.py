@@ -135,7 +135,7 @@ def test_a_cap_holds_while_a_prefork_pool_recycles_its_processes(
     """``--max-tasks-per-child=1`` forks a process per document while the worker's gate
     thread reads limits and holding queues: a process forked while it held a lock waited on
     it for good, and the client's cap with it (a field trial stalled within 15-90 documents;
-the race itself is forced in tests/unit/test_forks.py)."""
+    the race itself is forced in tests/unit/test_forks.py)."""
     env, seen = runs
     _router(env).set_tier("bulk", max_in_flight=1)
     app = producer()
