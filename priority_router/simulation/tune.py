@@ -266,11 +266,14 @@ def _judge_in_processes(
 ) -> list[list[Verdict]]:
     # spawn, not fork: the caller may run threads (the CLI's spinner), which a fork copies
     # mid-stride; each process receives the cases once, then only tables.
-    with ProcessPoolExecutor(jobs, get_context("spawn"), _adopt, (bases,)) as pool:
+    pool = ProcessPoolExecutor(jobs, get_context("spawn"), _adopt, (bases,))
+    try:
         verdicts = []
         for found in pool.map(_judge_here, tables):
             verdicts.append(found)
             report(len(verdicts), len(tables))
+    finally:
+        pool.shutdown(cancel_futures=True)  # on Ctrl-C, not after every table still queued
     return verdicts
 
 
