@@ -9,7 +9,7 @@
     priority-router simulate trace.csv --workers 16 --tune --mode inflight
 
 The router's settings come from the options, else from ``PRIORITY_ROUTER_*`` variables
-(and the group's ``--reset-interval``), as the other commands read them.
+(and the group's ``--reset-interval`` and ``--mode``), as the other commands read them.
 """
 
 from __future__ import annotations
@@ -414,8 +414,10 @@ def _config(
     thresholds: Policy | None,
     mode: str | None = None,
 ) -> RouterConfig:
-    if reset_interval is None and ctx.parent is not None:
-        reset_interval = ctx.parent.params.get("reset_interval")
+    if ctx.parent is not None:
+        # The group's options: `priority-router --mode inflight simulate TRACE --tune`.
+        reset_interval = ctx.parent.params.get("reset_interval") if reset_interval is None else reset_interval
+        mode = ctx.parent.params.get("mode") if mode is None else mode
     try:
         return RouterConfig.from_env(
             None, reset_interval=reset_interval, max_wait=max_wait, thresholds=thresholds, mode=mode

@@ -14,6 +14,7 @@ from click.testing import CliRunner, Result
 
 from priority_router import PriorityRouter, RouterConfig
 from priority_router.config import celery_values
+from priority_router.ops.cli import main
 from priority_router.ops.simulate import simulate
 from priority_router.simulation.fit import recommend
 from priority_router.simulation.tune import Case, candidates
@@ -191,6 +192,23 @@ def test_the_settings_reach_what_is_tuned(
     assert result.exit_code == 0, result.output
     (case,) = seen
     assert {key: getattr(case, key) for key in expected} == expected
+
+
+def test_the_groups_mode_reaches_what_is_tuned(trace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[Case] = []
+    monkeypatch.setattr(
+        "priority_router.ops.simulate.run_tune", lambda console, case, *rest: seen.append(case)
+    )
+    runner = CliRunner(env={"PRIORITY_ROUTER_MODE": None})
+    result = runner.invoke(
+        main, ["--mode", "inflight", "--reset-interval", "60", "simulate", str(trace), "--tune"]
+    )
+    assert result.exit_code == 0, result.output
+    assert (seen[0].policy, seen[0].reset_interval) == ("inflight", 60.0)
+    # Its own --mode wins, as an option after the subcommand does.
+    result = runner.invoke(main, ["--mode", "inflight", "simulate", str(trace), "--tune", "--mode", "seed"])
+    assert result.exit_code == 0, result.output
+    assert seen[1].policy == "seed"
 
 
 def test_costs_and_tiers_reach_what_is_tuned(trace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
