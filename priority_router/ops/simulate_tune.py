@@ -91,19 +91,19 @@ def tuning_table(found: Tuning, title: str) -> Table:
     clients' p95 waits, and the score."""
     shown = [found.rows[name] for name in SHOWN if name in found.rows]
     table = Table(title=title, caption=CAPTION)
-    table.add_column("group", no_wrap=True)
-    table.add_column("p95 wait", no_wrap=True)
+    table.add_column("group: p95 wait")
     for row in shown:
-        table.add_column(row.name + (" *" if row.name == found.recommended else ""), justify="right")
+        name = row.name + (" *" if row.name == found.recommended else "")
+        table.add_column(name, justify="right", no_wrap=True)
     waits = [group_waits(found.base.groups, row.p95) for row in shown]
     for group in GROUPS:
         clients = found.base.groups.count(group)
         if not clients:
             continue
-        table.add_row(f"{group} ({clients:,})", "worst", *(seconds(_known(w[group].worst)) for w in waits))
-        table.add_row("", "median", *(seconds(_known(w[group].median)) for w in waits), end_section=True)
-    table.add_row("score", "", *("" if r.verdict is None else f"{r.verdict.score:.2f}" for r in shown))
-    table.add_row("its bound", "", *("" if r.verdict is None else r.verdict.worst for r in shown))
+        table.add_row(f"{group} ({clients:,}) worst", *(seconds(_known(w[group].worst)) for w in waits))
+        table.add_row("  median", *(seconds(_known(w[group].median)) for w in waits), end_section=True)
+    table.add_row("score", *("" if r.verdict is None else f"{r.verdict.score:.2f}" for r in shown))
+    table.add_row("  its bound", *("" if r.verdict is None else r.verdict.worst for r in shown))
     return table
 
 
