@@ -185,7 +185,8 @@ def _why(rows: dict[str, Row], recommended: str) -> str:
     best = rows["tuned"].verdict
     assert best is not None
     if best.score > 1.0:
-        why += f"; no table searched meets every bound on this trace (the best misses the {best.worst} bound)"
+        missed = {"any": "every client's"}.get(best.worst, f"the {best.worst} clients'")
+        why += f"; no table searched meets every bound on this trace (the best misses {missed} bound)"
     return why
 
 
