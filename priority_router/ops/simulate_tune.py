@@ -36,14 +36,8 @@ CAPTION = (
     "fifo: plain Celery; drr: per-client round robin, the ideal; *: recommended. Worst and "
     "median of the group's clients' p95 waits; the score is 1.0 at the bound it comes from"
 )
-LABELS = {
-    "fifo": "fifo (plain Celery)",
-    "default": "default table",
-    "wide": "wide",
-    "yours": "your table",
-    "tuned": "tuned table",
-    "drr": "drr (the ideal)",
-}
+#: How the recommendation names the tables it may recommend.
+LABELS = {"default": "default table", "wide": "wide", "yours": "your table", "tuned": "tuned table"}
 
 
 def paste_lines(table: Policy) -> dict[str, str]:
@@ -79,8 +73,9 @@ def run_tune(console: Console, case: Case, current: Policy, title: str, as_json:
         console.print(f"Searched {found.searched} tables ({FAMILY}) in {took:.1f} s{processes}.")
     for note in found.notes:
         console.print(f"Note: {note}.", highlight=False)
-    if "tuned" in found.rows:
-        console.print(f"The tuned table: {table_name(_table(found.rows['tuned']))}", highlight=False)
+    tuned = found.rows.get("tuned")
+    if tuned is not None and tuned.table is not None:
+        console.print(f"The tuned table: {table_name(tuned.table)}", highlight=False)
     console.print(f"[bold]Recommended: {LABELS[found.recommended]}[/]: {found.why}.", highlight=False)
     for line in paste_lines(found.table).values():
         console.print(f"  {line}", markup=False, highlight=False, soft_wrap=True)
@@ -148,8 +143,3 @@ def _row_json(found: Tuning, row: Row) -> dict[str, Any]:
 def _known(value: float | None) -> float:
     assert value is not None  # a group shown has clients
     return value
-
-
-def _table(row: Row) -> Policy:
-    assert row.table is not None
-    return row.table

@@ -35,9 +35,9 @@ from .tune import (
     Verdict,
     baseline,
     candidates,
+    score,
     search,
 )
-from .tune import score as judged
 
 #: What the search minimises, for people.
 OBJECTIVE = (
@@ -116,7 +116,7 @@ def tune(
     verdicts = {r.table: r.verdicts[0] for r in ranked}
     rows = {
         "fifo": Row("fifo", None, base.fifo, None),
-        "default": Row("default", DEFAULT_THRESHOLDS, base.default, judged(base, base.default)),
+        "default": Row("default", DEFAULT_THRESHOLDS, base.default, score(base, base.default)),
     }
     for name in ("wide", "yours"):
         if name in named:
@@ -168,11 +168,11 @@ def _medium_range(base: Baseline) -> str:
 
 
 def _why(rows: dict[str, Row], recommended: str) -> str:
-    score = {name: row.verdict.score for name, row in rows.items() if row.verdict is not None}
-    tuned, chosen = score["tuned"], score[recommended]
+    scores = {name: row.verdict.score for name, row in rows.items() if row.verdict is not None}
+    tuned, chosen = scores["tuned"], scores[recommended]
     found = f"the best table found scores {tuned:.2f}"
     if recommended == "tuned":
-        others = ", ".join(f"{_label(n)} {score[n]:.2f}" for n in SIMPLEST_FIRST[:3] if n in score)
+        others = ", ".join(f"{_label(n)} {scores[n]:.2f}" for n in SIMPLEST_FIRST[:3] if n in scores)
         why = f"{found}, {others}: use the tuned table"
     elif rows["tuned"].table == rows[recommended].table:
         why = f"the best table found is {_label(recommended)} ({chosen:.2f})"
