@@ -13,6 +13,9 @@ from dataclasses import dataclass
 
 from ..thresholds import Policy, table_name
 
+#: The command that fits a table to a trace of the user's traffic (docs/simulate.md).
+TUNE = "`priority-router simulate TRACE --tune`"
+
 
 @dataclass(frozen=True)
 class Saturation:
@@ -49,14 +52,13 @@ def describe(found: Saturation, policy: Policy, mode: str) -> tuple[str, str]:
     )
     if table_name(policy) == "wide":
         fix = (
-            "the wide table is in use: find a deeper one for your traffic with "
-            "`priority-router simulate TRACE --thresholds ROWS`, or give the largest clients a tier "
-            "(`priority-router tier set CLIENT --weight W`)"
+            f"the wide table is in use: fit a deeper one to your traffic with {TUNE}, or give the "
+            "largest clients a tier (`priority-router tier set CLIENT --weight W`)"
         )
     else:
         fix = (
             'use the deeper table: thresholds="wide" (PRIORITY_ROUTER_THRESHOLDS=wide, the Celery setting '
             'priority_router_thresholds="wide"); `priority-router simulate TRACE --thresholds wide` '
-            "shows what it does to your traffic"
+            f"shows what it does to your traffic, and {TUNE} fits a table to it"
         )
     return problem, fix

@@ -6,9 +6,10 @@
     priority-router simulate trace.csv --tier importer=weight=4 --tier partner=shift=-1 --default-tier shift=1
     priority-router simulate --workload mixed-sizes --cost duration
     priority-router simulate --workload slow-neighbour --tier heavy=max_in_flight=3,borrow
+    priority-router simulate trace.csv --workers 16 --tune --mode inflight
 
 The router's settings come from the options, else from ``PRIORITY_ROUTER_*`` variables
-(and the group's ``--reset-interval``), as the other commands read them.
+(and the group's ``--reset-interval`` and ``--mode``), as the other commands read them.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ import json
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 from rich.console import Console
 from rich.markup import escape
 
-from ..config import RouterConfig
+from ..config import MODES, RouterConfig
 from ..errors import ConfigurationError
 from ..limits import Limits
 from ..simulation.compare import compare
@@ -39,9 +41,11 @@ from ..simulation.report import (
 )
 from ..simulation.tiers import Tiers, TierSpecError, load_tiers_csv, parse_client_tier, parse_tier
 from ..simulation.trace import Trace, TraceError, load_csv
+from ..simulation.tune import Case
 from ..simulation.workloads import DEFAULT_SEED, WORKLOADS
 from ..thresholds import DEFAULT_THRESHOLDS, Policy, parse_table, rows_text, table_name
 from ..tiers import Tier
+from .simulate_tune import TUNE_HELP, run_tune
 
 THRESHOLDS_HELP = (
     "The threshold table: a name, default (the scheme's table, "
@@ -215,6 +219,12 @@ def _tiers_file(ctx: click.Context, param: click.Parameter, value: Path | None) 
 @click.option(
     "--clients", type=click.IntRange(min=1), default=20, show_default=True, help="Most rows per policy table."
 )
+@click.option("--tune", is_flag=True, help=TUNE_HELP)
+@click.option(
+    "--mode",
+    type=click.Choice(MODES),
+    help="With --tune: the counting mode to fit the table to [PRIORITY_ROUTER_MODE, seed].",
+)
 @click.pass_context
 def simulate(
     ctx: click.Context,
@@ -236,6 +246,8 @@ def simulate(
     as_json_flag: bool,
     plot_path: Path | None,
     clients: int,
+    tune: bool,
+    mode: str | None,
 ) -> None:
     """Compare queue policies on TRACE (a CSV file timestamp,client_id,duration[,cost]) or a --workload.
 
@@ -244,6 +256,8 @@ def simulate(
     document (rr) and by cost (drr): the ideals no broker offers.  With the router's own
     threshold table and tiers, it shows each client's p50/p95/max wait, the makespan and
     Jain's index of the clients' slowdowns.  No broker, no Redis.
+
+    With --tune, it fits a threshold table to the trace instead, and shows how (see --tune).
     """
     if (trace is None) == (workload is None):
         raise click.UsageError("give a TRACE file or --workload NAME (one of them)")
@@ -257,7 +271,14 @@ def simulate(
             ctx,
             param_hint="--quantum",
         )
-    config = _config(ctx, reset_interval, max_wait, thresholds)
+    if tune:
+        _check_tune(ctx)
+    elif mode is not None:
+        raise click.UsageError(
+            "--mode is the counting mode --tune fits a table to; without --tune every policy "
+            "runs, both modes among them: choose them with --policies"
+        )
+    config = _config(ctx, reset_interval, max_wait, thresholds, mode)
     tiers = Tiers({**tiers_file, **client_tiers}, default_tier)
     if tiers and not config.tiers:
         raise click.UsageError(
@@ -272,8 +293,28 @@ def simulate(
 
     source = trace.name if trace is not None else f"workload {workload}"
     loaded = _counted(_load(trace, workload, DEFAULT_SEED if seed is None else seed), cost)
-    chosen = _chosen(policies, config, bool(loaded.cost_units))
     console = Console(stderr=as_json_flag)
+    size = f"{len(loaded)} documents, {len(loaded.clients)} clients, {workers} workers"
+    settings = _settings(config, overhead, tiers, gate_tick, loaded, cost)
+    if tune:
+        case = Case(
+            source,
+            loaded,
+            workers,
+            mode=config.mode,
+            reset_interval=config.reset_interval,
+            max_wait=config.max_wait,
+            quantum=quantum,
+            overhead=overhead,
+            tiers=tiers or None,
+            gate_tick=gate_tick,
+        )
+        if tiers:
+            _tier_notes(console, tiers, loaded, ("fifo", case.policy, "drr"))
+        title = f"{source}: {size}; tuning the table for {case.policy}; {settings}"
+        run_tune(console, case, config.thresholds, title, as_json_flag)
+        return
+    chosen = _chosen(policies, config, bool(loaded.cost_units))
     if not as_json_flag and policies is None and config.max_wait is None:
         console.print(f"[dim]{' and '.join(BOUNDED)} need --max-wait SECONDS: left out[/]")
     if tiers:
@@ -295,16 +336,6 @@ def simulate(
     if as_json_flag:
         click.echo(json.dumps(as_json(outcomes), indent=2))
         return
-    settings = (
-        f"reset_interval {config.reset_interval:g} s"
-        + ("" if config.max_wait is None else f", max_wait {config.max_wait:g} s")
-        + ("" if config.thresholds == DEFAULT_THRESHOLDS else f", thresholds {table_name(config.thresholds)}")
-        + ("" if not overhead else f", overhead {overhead * 1000:g} ms per document")
-        + ("" if not tiers else f", {tiers.summary()}")
-        + ("" if not tiers.limiting else f", gate tick {gate_tick:g} s")
-        + ("" if not loaded.cost_units else f", {COUNTED[cost]}")
-    )
-    size = f"{len(loaded)} documents, {len(loaded.clients)} clients, {workers} workers"
     console.print(summary_table(outcomes, f"{source}: {size}; {settings}"))
     console.print(groups_table(outcomes, loaded))
     limited = _limited(tiers, loaded)
@@ -314,6 +345,37 @@ def simulate(
         console.print(policy_table(outcome, loaded, clients))
     if plot_path is not None:
         console.print(f"Chart: {plot_path}")
+
+
+def _settings(
+    config: RouterConfig, overhead: float, tiers: Tiers, gate_tick: float, loaded: Trace, cost: str
+) -> str:
+    """The settings line of the tables' heading: what differs from a plain replay."""
+    return (
+        f"reset_interval {config.reset_interval:g} s"
+        + ("" if config.max_wait is None else f", max_wait {config.max_wait:g} s")
+        + ("" if config.thresholds == DEFAULT_THRESHOLDS else f", thresholds {table_name(config.thresholds)}")
+        + ("" if not overhead else f", overhead {overhead * 1000:g} ms per document")
+        + ("" if not tiers else f", {tiers.summary()}")
+        + ("" if not tiers.limiting else f", gate tick {gate_tick:g} s")
+        + ("" if not loaded.cost_units else f", {COUNTED[cost]}")
+    )
+
+
+def _check_tune(ctx: click.Context) -> None:
+    """--tune shows its own policies, by client group: refuse the options it would ignore."""
+    ignored = {"policies": "--policies", "plot_path": "--plot", "clients": "--clients"}
+    given = [
+        option
+        for name, option in ignored.items()
+        if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE
+    ]
+    if given:
+        raise click.UsageError(
+            f"--tune compares its own policies (fifo, the router's in --mode, drr) by client group, "
+            f"so it takes no {' or '.join(given)}; replay the table it recommends with "
+            "`simulate TRACE --thresholds ROWS` and those options to see every policy, client or chart"
+        )
 
 
 def _tier_notes(console: Console, tiers: Tiers, loaded: Trace, chosen: tuple[str, ...]) -> None:
@@ -346,13 +408,19 @@ def _limited(tiers: Tiers, loaded: Trace) -> dict[str, Limits]:
 
 
 def _config(
-    ctx: click.Context, reset_interval: float | None, max_wait: float | None, thresholds: Policy | None
+    ctx: click.Context,
+    reset_interval: float | None,
+    max_wait: float | None,
+    thresholds: Policy | None,
+    mode: str | None = None,
 ) -> RouterConfig:
-    if reset_interval is None and ctx.parent is not None:
-        reset_interval = ctx.parent.params.get("reset_interval")
+    if ctx.parent is not None:
+        # The group's options: `priority-router --mode inflight simulate TRACE --tune`.
+        reset_interval = ctx.parent.params.get("reset_interval") if reset_interval is None else reset_interval
+        mode = ctx.parent.params.get("mode") if mode is None else mode
     try:
         return RouterConfig.from_env(
-            None, reset_interval=reset_interval, max_wait=max_wait, thresholds=thresholds
+            None, reset_interval=reset_interval, max_wait=max_wait, thresholds=thresholds, mode=mode
         )
     except ConfigurationError as exc:
         option = {"reset_interval": "--reset-interval", "max_wait": "--max-wait"}.get(exc.setting)

@@ -275,6 +275,7 @@ def test_status_and_inspect_name_the_table_and_say_when_clients_share_its_last_r
     assert "2 clients (bulk, medium) share the table's last row (pending < -20, priority 9)" in text
     assert "67 documents counted" in text
     assert 'thresholds="wide"' in text and "simulate TRACE --thresholds wide" in text
+    assert "`priority-router simulate TRACE --tune` fits a table to it" in text
     # PRIORITY_ROUTER_THRESHOLDS=wide: the same counts are far from its last row.
     runner = CliRunner()
     args = ["--redis-url", counter_url, "--key-prefix", key_prefix]

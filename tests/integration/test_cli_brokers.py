@@ -263,6 +263,7 @@ def test_doctor_says_when_clients_share_the_tables_last_row(
     assert table["ok"]  # said, not failed: a busy hour is not a broken deployment
     assert table["detail"].startswith("default: 2 clients (bulk, partner) share the table's last row")
     assert 'thresholds="wide"' in table["detail"]
+    assert "`priority-router simulate TRACE --tune` fits a table to it" in table["detail"]
     # The same app with the Celery setting priority_router_thresholds = "wide".
     wide = app_module(
         broker_db_url(redis_server_url), f"q-{uuid.uuid4().hex[:8]}", {"priority_router_thresholds": "wide"}

@@ -135,8 +135,12 @@ def test_clients_sharing_the_last_row() -> None:
     assert "2 clients (bulk, medium) share the table's last row (pending < -20, priority 9)" in problem
     assert "1,060 documents counted" in problem
     assert 'thresholds="wide"' in fix and "PRIORITY_ROUTER_THRESHOLDS=wide" in fix
+    assert "`priority-router simulate TRACE --tune` fits a table to it" in fix
     _, fix = describe(found, WIDE_THRESHOLDS, "inflight")
-    assert "wide table is in use" in fix
+    assert (
+        "wide table is in use: fit a deeper one to your traffic with `priority-router simulate TRACE --tune`"
+        in fix
+    )
 
 
 def test_the_metric_counts_documents_past_the_last_row() -> None:
