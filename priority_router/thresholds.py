@@ -140,10 +140,11 @@ DEFAULT_THRESHOLDS = Policy.from_rows(
     fallback=MOST_URGENT,
 )
 
-#: A deeper table, chosen by measurement (``bench/wide_table.py``, docs/scheme.md): its limits
-#: grow geometrically (4 x 2.7^k), so clients of 30, 200 and 1,000 documents counted stay apart.
+#: A deeper table, chosen by measurement (``bench/wide_table.py``, docs/scheme.md): a client's
+#: first 3 documents at priority 1 as in the scheme's table, then rows to 1,008 documents
+#: counted, so clients of 10, 100 and 1,000 documents stay apart.
 WIDE_THRESHOLDS = Policy.from_rows(
-    [(-4184, 9), (-1550, 8), (-574, 7), (-213, 6), (-79, 5), (-29, 4), (-11, 3), (-4, 2)],
+    [(-1008, 9), (-612, 8), (-482, 7), (-236, 6), (-148, 5), (-75, 4), (-7, 3), (-2, 2)],
     fallback=MOST_URGENT,
 )
 

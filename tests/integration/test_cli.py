@@ -287,7 +287,7 @@ def test_status_and_inspect_name_the_table_and_say_when_clients_share_its_last_r
             main, [*args, "inspect", "medium", "--json"], env={"PRIORITY_ROUTER_THRESHOLDS": "wide"}
         ).output
     )
-    assert (row["pending"], row["priority"], row["thresholds"]) == (-44, 4, "wide")
+    assert (row["pending"], row["priority"], row["thresholds"]) == (-44, 3, "wide")
 
 
 def test_a_bad_router_setting_stops_every_command_with_dash_a(

@@ -271,7 +271,7 @@ def test_doctor_says_when_clients_share_the_tables_last_row(
     _, findings = invoke("doctor", "-A", wide)
     (table,) = [f for f in findings if f["check"] == "threshold table"]
     assert table["ok"]
-    assert table["detail"] == "wide: no two clients share its last row (pending < -4184, priority 9)"
+    assert table["detail"] == "wide: no two clients share its last row (pending < -1008, priority 9)"
 
 
 def test_doctor_without_a_worker_or_pool_blames_the_held_documents_not_a_guessed_pool(

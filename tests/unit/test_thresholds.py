@@ -129,7 +129,12 @@ def test_any_valid_table_picks_the_first_matching_row(
 @given(st.lists(st.tuples(st.integers(-100, 100), st.integers(-5, 15)), min_size=1, max_size=6))
 def test_any_table_is_either_valid_or_refused_by_name(table: list[tuple[int, int]]) -> None:
     limits = [limit for limit, _ in table]
-    valid = limits == sorted(set(limits)) and all(1 <= p <= 9 and limit <= 0 for limit, p in table)
+    priorities = [p for _, p in table] + [1]  # the fallback
+    valid = (
+        limits == sorted(set(limits))
+        and all(1 <= p <= 9 and limit <= 0 for limit, p in table)
+        and priorities == sorted(priorities, reverse=True)
+    )
     try:
         Policy.from_rows(table)
     except ConfigurationError as exc:

@@ -14,7 +14,7 @@ from priority_router.ops.saturation import describe, saturation
 from priority_router.ops.simulate import simulate
 from priority_router.thresholds import WIDE_THRESHOLDS, parse_table, rows_text, table_name
 
-WIDE_ROWS = [(-4184, 9), (-1550, 8), (-574, 7), (-213, 6), (-79, 5), (-29, 4), (-11, 3), (-4, 2)]
+WIDE_ROWS = [(-1008, 9), (-612, 8), (-482, 7), (-236, 6), (-148, 5), (-75, 4), (-7, 3), (-2, 2)]
 
 
 def test_the_default_is_still_the_schemes_table_exactly() -> None:
@@ -27,9 +27,10 @@ def test_the_default_is_still_the_schemes_table_exactly() -> None:
 
 def test_wide_is_the_measured_table() -> None:
     assert [(r.below, r.priority) for r in WIDE_THRESHOLDS.thresholds] == WIDE_ROWS
-    # A client's first five documents are most urgent; 30, 200 and 1,000 documents stay apart.
-    got = [WIDE_THRESHOLDS.priority_for(1 - n) for n in (1, 5, 6, 30, 200, 1000, 5000)]
-    assert got == [1, 1, 2, 3, 5, 7, 9]
+    # A client's first three documents are most urgent, as in the scheme's table; 10, 100 and
+    # 1,000 documents stay apart.
+    got = [WIDE_THRESHOLDS.priority_for(1 - n) for n in (1, 3, 4, 10, 100, 1000, 2000)]
+    assert got == [1, 1, 2, 3, 4, 8, 9]
 
 
 @pytest.mark.parametrize(
