@@ -33,11 +33,9 @@ release.set()
 print(os.waitstatus_to_exitcode(status))
 """
 
-CASES = {
-    "limits": (
-        """
+#: A Redis client whose GET waits, in the thread named "stall", until the test releases it.
+STALLING_REDIS = """
 import fakeredis
-from priority_router.store.limit_store import LimitStore
 
 class Stalling(fakeredis.FakeRedis):
     def get(self, *args, **kwargs):
@@ -45,6 +43,13 @@ class Stalling(fakeredis.FakeRedis):
             stalled.set()
             release.wait()
         return super().get(*args, **kwargs)
+"""
+
+CASES = {
+    "limits": (
+        STALLING_REDIS
+        + """
+from priority_router.store.limit_store import LimitStore
 
 store = LimitStore(Stalling(), "p:", refresh=0.0)
 """,
@@ -52,16 +57,9 @@ store = LimitStore(Stalling(), "p:", refresh=0.0)
         "store.snapshot()",
     ),
     "schema": (
-        """
-import fakeredis
+        STALLING_REDIS
+        + """
 from priority_router.store.schema import StoreSchema
-
-class Stalling(fakeredis.FakeRedis):
-    def get(self, *args, **kwargs):
-        if threading.current_thread().name == "stall":
-            stalled.set()
-            release.wait()
-        return super().get(*args, **kwargs)
 
 schema = StoreSchema(Stalling(), "p:")
 """,
