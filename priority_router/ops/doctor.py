@@ -110,8 +110,18 @@ def diagnose(app: Celery, pool: WorkerPool | None = None) -> list[Finding]:
         try:
             findings.extend(check(app, transport))
         except Exception as exc:
-            findings.append(Finding(name, False, f"could not check: {exc}", "fix what stops the check"))
+            findings.append(Finding(name, False, f"could not check: {exc}", _fix_for(exc)))
     return findings
+
+
+def _fix_for(exc: Exception) -> str:
+    """What to do about an error that stopped a check."""
+    if isinstance(exc, redis.exceptions.NoPermissionError) and "channel" in str(exc):
+        return (
+            "give the Redis user the channels Celery's remote control publishes on "
+            "(ACL SETUSER <user> &*): workers cannot be asked, and Celery's own mingle fails too"
+        )
+    return "fix what stops the check"
 
 
 def _check_router(app: Celery, transport: Transport) -> Iterator[Finding]:

@@ -1,7 +1,15 @@
-"""doctor counts the slots of the live workers (``inspect stats``), an autoscaled one at its most."""
+"""doctor: the slots of the live workers (``inspect stats``), an autoscaled one at its most; the
+fix it names when a check cannot run."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
+import pytest
+import redis
+from celery import Celery
+
+from priority_router.integration.pools import pool_named
 from priority_router.ops import doctor
 
 
@@ -11,3 +19,26 @@ def test_an_autoscaled_worker_counts_at_its_autoscalers_most() -> None:
         "w2@h": {"pool": {"max-concurrency": 4}},
     }
     assert doctor._pool_slots(stats, None) == (10, "2 worker(s) answering")
+
+
+def test_a_check_stopped_by_a_redis_user_without_channels_names_the_acl_fix(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Celery's remote control publishes on Redis channels, which a Redis 7 ACL user lacks
+    by default; doctor's workers check then says which permission to grant."""
+
+    def denied(app: Celery, transport: object) -> Iterator[doctor.Finding]:
+        raise redis.exceptions.NoPermissionError(
+            "this user has no permissions to access one of the channels used as arguments"
+        )
+        yield  # a generator, as checks are
+
+    def broken(app: Celery, transport: object) -> Iterator[doctor.Finding]:
+        raise RuntimeError("something else")
+        yield
+
+    monkeypatch.setattr(doctor, "_CHECKS", {"workers": denied, "other": broken})
+    app = Celery("acl", broker="redis://127.0.0.1:6379/15")
+    found = {f.check: f for f in doctor.diagnose(app, pool_named("threads", 4))}
+    assert not found["workers"].ok and "&*" in found["workers"].fix
+    assert found["other"].fix == "fix what stops the check"
