@@ -47,7 +47,6 @@ PURPOSES = {
 }
 
 
-#: Every breaker of the process, so that a forked child gets fresh locks (below).
 class CircuitBreaker:
     """One counter store's health in one process, shared by every purpose that uses it."""
 

@@ -53,18 +53,8 @@ def supports(client: object) -> bool:
 def transact(pool: redis.ConnectionPool, packed: bytes, queued: int) -> list[Any]:
     """Send one pre-packed ``MULTI ... EXEC`` of ``queued`` commands on a pooled connection;
     the replies of ``EXEC``.  A command that failed inside the transaction is raised."""
-    conn = pool.get_connection()
-    try:
-        conn.send_packed_command([packed])  # type: ignore[no-untyped-call]
-        for _ in range(queued + 1):
-            conn.read_response()  # +OK for MULTI, then +QUEUED per command
-        replies: list[Any] = conn.read_response()
-    except BaseException:
-        # Replies may be left unread on the socket; it must not serve another command.
-        conn.disconnect()  # type: ignore[no-untyped-call]
-        raise
-    finally:
-        pool.release(conn)
+    # +OK for MULTI and +QUEUED per command come before EXEC's replies.
+    replies: list[Any] = _exchange(pool, packed, queued + 2)
     for value in replies:
         if isinstance(value, Exception):
             raise value  # e.g. WRONGTYPE: the key holds something else
@@ -73,11 +63,19 @@ def transact(pool: redis.ConnectionPool, packed: bytes, queued: int) -> list[Any
 
 def call(pool: redis.ConnectionPool, packed: bytes) -> Any:
     """Send one pre-packed command on a pooled connection; its reply (an error reply is raised)."""
+    return _exchange(pool, packed, 1)
+
+
+def _exchange(pool: redis.ConnectionPool, packed: bytes, replies: int) -> Any:
+    """Write ``packed`` on a connection of ``pool`` and read ``replies`` replies; the last."""
     conn = pool.get_connection()
     try:
         conn.send_packed_command([packed])  # type: ignore[no-untyped-call]
+        for _ in range(replies - 1):
+            conn.read_response()
         return conn.read_response()
     except BaseException:
+        # Replies may be left unread on the socket; it must not serve another command.
         conn.disconnect()  # type: ignore[no-untyped-call]
         raise
     finally:
