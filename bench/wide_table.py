@@ -46,6 +46,7 @@ from priority_router.simulation.tune import (  # noqa: E402
     processors,
     score,
     search,
+    table_of,
 )
 from priority_router.simulation.workloads import DEFAULT_SEED, WORKLOADS, Giants  # noqa: E402
 from priority_router.thresholds import DEFAULT_THRESHOLDS, WIDE_THRESHOLDS, Policy, rows_text  # noqa: E402
@@ -115,11 +116,6 @@ def real_worker_giants(seed: int) -> Giants:
         doc_max=0.15,
         seed=seed,
     )
-
-
-def table_of(limits: list[int]) -> Policy:
-    """The table whose limits, shallowest first, are minus ``limits``: priorities 2..9 below them."""
-    return Policy.from_rows([(-limit, p) for limit, p in zip(reversed(limits), range(9, 1, -1), strict=True)])
 
 
 def limits_of(table: Policy) -> list[int]:

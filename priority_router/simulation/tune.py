@@ -96,6 +96,12 @@ def geometric(start: int, ratio: float) -> Policy:
     for k in range(LEAST_URGENT - MOST_URGENT):
         limit = round(start * ratio**k)
         limits.append(max(limit, limits[-1] + 1) if limits else limit)
+    return table_of(limits)
+
+
+def table_of(limits: Sequence[int]) -> Policy:
+    """The table whose 8 limits, shallowest first, are minus ``limits``: priorities 2..9 from
+    the top, 1 above the first limit."""
     return Policy.from_rows(
         [
             (-limit, priority)
