@@ -8,7 +8,7 @@ own task names, and ``workers/workload.py`` publishes with ``publish``.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from typing import Any
 
 from celery import Celery, Task
@@ -52,8 +52,10 @@ def publish(
     *,
     hold_task: str = HOLD,
     pages_task: str | None = None,
+    groups: Container[str] = ("heavy", "light"),
 ) -> dict[str, tuple[str, float]]:
-    """Publish ``workload`` through ``app``; returns task id -> (group, publish time).
+    """Publish ``workload``'s documents of ``groups`` through ``app``; returns task id ->
+    (group, publish time).
 
     Each document is a ``hold_task`` that keeps a slot for the document's seconds, or, when
     the workload has ``pages``, a ``pages_task`` doing that much CPU work.  ``published``
@@ -63,6 +65,8 @@ def publish(
     published = {} if published is None else published
     burst_out: float | None = None
     for doc in workload.documents():
+        if doc.group not in groups:
+            continue
         if doc.group == "heavy":
             delay = 0.0
         else:
