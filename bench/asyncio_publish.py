@@ -23,6 +23,8 @@ import time
 import uuid
 from pathlib import Path
 
+from priority_router.router import engine_of
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
 
@@ -60,7 +62,7 @@ def publish_in_loop(variant: str, redis_url: str, publishes: int) -> dict[str, f
     with app.connection_for_write() as conn:
         conn.default_channel.queue_delete(queue)
     if router is not None:
-        router.store.clear_all()
+        engine_of(router).store.clear_all()
     return {"p50": statistics.median(held), "p99": held[int(len(held) * 0.99)]}
 
 

@@ -52,6 +52,7 @@ import redis  # noqa: E402
 from support.services import Worker  # noqa: E402
 
 from priority_router import PriorityRouter  # noqa: E402
+from priority_router.router import engine_of  # noqa: E402
 from priority_router.simulation.metrics import most_at_once  # noqa: E402
 from workers.app import create_app  # noqa: E402
 from workers.local_redis import RedisDatabases  # noqa: E402
@@ -173,7 +174,7 @@ def measure(
         worker.stop()
         cleanup(app, env, dbs, list(run.published))
         app.close()
-        router.redis.close()
+        engine_of(router).redis.close()
     return run
 
 

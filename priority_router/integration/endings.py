@@ -41,10 +41,10 @@ from .. import headers as H
 from ..decision import Reason
 from ..store.client_ids import normalize_client_id
 from .gate import end_gated
-from .installation import installed_router
+from .installation import installed_engine
 
 if TYPE_CHECKING:
-    from ..router import PriorityRouter
+    from ..engine import Engine
 
 logger = logging.getLogger("priority_router")
 
@@ -68,7 +68,7 @@ def watch_endings() -> None:
 
 
 def end_document(
-    router: PriorityRouter, fields: Any, task_id: object, app: Celery | None = None, unadmitted: bool = False
+    router: Engine, fields: Any, task_id: object, app: Celery | None = None, unadmitted: bool = False
 ) -> bool:
     """End one document given its request (attributes) or headers (a mapping): free its
     slot if the gate admitted it (``gate.py``; with ``unadmitted``, also a released one the
@@ -90,7 +90,7 @@ def end_unsent(app: Celery, message: Any) -> None:
     """A publish of ``app`` that raised (the broker refused the connection or the queue):
     end the document it counted (``mode="inflight"``), since no worker will.  A retry or a
     child task counted nothing of its own and is left alone.  Never raises."""
-    router = installed_router(app)
+    router = installed_engine(app)
     headers = getattr(message, "headers", None)
     if router is None or not isinstance(headers, Mapping) or headers.get(H.REASON) == Reason.INHERITED:
         return
@@ -140,14 +140,14 @@ def _on_postrun(
     if state == S.REJECTED and isinstance(retval, Reject) and retval.requeue:
         return  # back in the queue: it ends when it runs again
     app = getattr(task, "app", None)
-    router = installed_router(app)
+    router = installed_engine(app)
     if router is not None:
         end_document(router, task.request, task_id, app)
 
 
 def _on_revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
     app = getattr(sender, "app", None)
-    router = installed_router(app)
+    router = installed_engine(app)
     if router is not None and request is not None:
         # Revoked on arrival, a released document never reached the gate: its slot goes.
         end_document(router, request, getattr(request, "id", None), app, unadmitted=True)
@@ -158,7 +158,7 @@ def _on_failure(sender: Any = None, task_id: Any = None, exception: Any = None, 
     if not isinstance(exception, _LOST) or (isinstance(exception, Reject) and exception.requeue):
         return
     app = getattr(sender, "app", None)
-    router = installed_router(app)
+    router = installed_engine(app)
     if router is None:
         return
     request = getattr(sender, "request", None)
@@ -177,6 +177,6 @@ def _on_received(sender: Any = None, request: Any = None, **_: Any) -> None:
 
 def _on_unknown(sender: Any = None, id: Any = None, message: Any = None, **_: Any) -> None:
     app = getattr(sender, "app", None)
-    router = installed_router(app)
+    router = installed_engine(app)
     if router is not None and message is not None:
         end_document(router, getattr(message, "headers", None) or {}, id, app)

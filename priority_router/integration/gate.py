@@ -48,11 +48,11 @@ from ..store.owed import OwedEnds
 from . import celery_internals
 from .flower import annotate_held
 from .holding import Held, Holding, HoldingUnavailable
-from .installation import installed_router
+from .installation import installed_engine
 from .periodic import Periodic
 
 if TYPE_CHECKING:
-    from ..router import PriorityRouter
+    from ..engine import Engine
 
 logger = logging.getLogger("priority_router")
 T = TypeVar("T")
@@ -71,7 +71,7 @@ class Gate:
     """One process's gate for one router: its counter store, its holding queues on the
     app's broker, a breaker of its own, and the ends it still owes the store."""
 
-    def __init__(self, app: Celery, router: PriorityRouter) -> None:
+    def __init__(self, app: Celery, router: Engine) -> None:
         self.app = app
         self.router = router
         self.store = router.gate_store
@@ -221,7 +221,7 @@ class _Taken:
 _gates: weakref.WeakKeyDictionary[Celery, Gate] = weakref.WeakKeyDictionary()
 
 
-def gate_of(app: Celery, router: PriorityRouter) -> Gate:
+def gate_of(app: Celery, router: Engine) -> Gate:
     """This process's gate for ``app`` (built on first use)."""
     gate = _gates.get(app)
     if gate is None or gate.router is not router:
@@ -235,9 +235,9 @@ def watch_gate(app: Celery) -> None:
     app.steps["consumer"].add(GateStep)
 
 
-def _gating_router(app: object) -> PriorityRouter | None:
+def _gating_router(app: object) -> Engine | None:
     """The router whose gate ``app``'s documents pass: none without one, or in dry run."""
-    router = installed_router(app)
+    router = installed_engine(app)
     return None if router is None or router.config.dry_run else router
 
 
@@ -262,12 +262,12 @@ class GateStep(bootsteps.Step):  # type: ignore[misc]  # Celery is untyped
         parent.on_task_request = on_task_request
 
 
-def client_of(router: PriorityRouter, fields: Any) -> str | None:
+def client_of(router: Engine, fields: Any) -> str | None:
     value = fields.get(router.config.client_id_header) if isinstance(fields, Mapping) else None
     return normalize_client_id(value)
 
 
-def admit(app: Celery, router: PriorityRouter, request: Any) -> bool:
+def admit(app: Celery, router: Engine, request: Any) -> bool:
     """Whether ``request`` may start now; a held one is moved to its client's holding queue
     here and acknowledged."""
     headers = request.request_dict
@@ -351,9 +351,7 @@ def held_reason(verdict: Verdict, limits: Limits) -> str:
     return f"held by its client's cap: max_cost_in_flight={limits.max_cost_in_flight:g} running"
 
 
-def end_gated(
-    app: Celery, router: PriorityRouter, fields: Any, task_id: str, unadmitted: bool = False
-) -> None:
+def end_gated(app: Celery, router: Engine, fields: Any, task_id: str, unadmitted: bool = False) -> None:
     """The end of a document the gate admitted (``unadmitted``: or may hold a place for,
     when its client has limits): free its slot, release what may start."""
     if not isinstance(fields, Mapping) or not (unadmitted or fields.get(H.GATED)):
@@ -380,7 +378,7 @@ class GateThread(Periodic):
     doing = "the gate's sweep"
     meanwhile = "held documents wait for their clients' running ones to end"
 
-    def __init__(self, app: Celery, router: PriorityRouter, consumer: Any, concurrency: int) -> None:
+    def __init__(self, app: Celery, router: Engine, consumer: Any, concurrency: int) -> None:
         super().__init__("priority-router-gate", TICK)
         self.app = app
         self.router = router
@@ -455,7 +453,7 @@ class GateThread(Periodic):
         return list(self.app.amqp.queues.consume_from)
 
 
-def gated_requests(router: PriorityRouter) -> dict[str, list[str]]:
+def gated_requests(router: Engine) -> dict[str, list[str]]:
     """The gated documents this worker holds, by client (for their leases)."""
     running: dict[str, list[str]] = defaultdict(list)
     for request in celery_internals.held_requests():
@@ -467,7 +465,7 @@ def gated_requests(router: PriorityRouter) -> dict[str, list[str]]:
     return running
 
 
-def say_held(router: PriorityRouter) -> None:
+def say_held(router: Engine) -> None:
     """At a worker's shutdown: documents still held wait for a router worker to release
     them, so say so, in case this worker is the last one (a switch-off, a rollback)."""
     try:
@@ -484,7 +482,7 @@ def say_held(router: PriorityRouter) -> None:
         )
 
 
-def start_gate(app: Celery, router: PriorityRouter, consumer: Any, concurrency: int) -> GateThread:
+def start_gate(app: Celery, router: Engine, consumer: Any, concurrency: int) -> GateThread:
     """Start the gate's thread for the worker whose consumer is ``consumer``."""
     thread = GateThread(app, router, consumer, concurrency)
     uid = f"priority_router:gate:{id(thread)}"

@@ -53,6 +53,7 @@ from .starvation import AMQP_FIX, AMQP_REFUSAL, start_sweeper
 from .worker import unwatch, watch_queue_wait
 
 if TYPE_CHECKING:
+    from ..engine import Engine
     from ..router import PriorityRouter
 
 logger = logging.getLogger("priority_router")
@@ -73,51 +74,51 @@ _apps: weakref.WeakSet[Celery] = weakref.WeakSet()
 _lock = threading.RLock()
 
 
-def install(router: PriorityRouter, app: Celery) -> PublishReceiver:
+def install(router: PriorityRouter, engine: Engine, app: Celery) -> PublishReceiver:
     with _lock:
         existing = installation_of(app)
         if existing is not None:
-            if existing.router is router:
+            if existing.engine is engine:
                 return existing.receiver
             raise ConfigurationError(
                 "install",
                 f"{app!r} already has another PriorityRouter installed",
                 "install one router per app, or call uninstall(app) on the other first",
             )
-        metrics = router.metrics
+        metrics = engine.metrics
         receiver = PublishReceiver(
             app,
-            router.decide,
-            router.config,
+            engine.decide,
+            engine.config,
             settle,
             on_decision=None
             if metrics is None
-            else functools.partial(metrics.record_decision, last_limit=router.policy.thresholds[0].below),
-            pause=PublishPause(app, lambda: (router.redis, router.config.key_prefix)),
-            consumer_check_interval=router.config.consumer_check_interval,
+            else functools.partial(metrics.record_decision, last_limit=engine.policy.thresholds[0].below),
+            pause=PublishPause(app, lambda: (engine.redis, engine.config.key_prefix)),
+            consumer_check_interval=engine.config.consumer_check_interval,
         )
-        installation = Installation(router, receiver)
+        installation = Installation(router, engine, receiver)
         app.__dict__[ATTRIBUTE] = installation
         _apps.add(app)
         _connect_signals()
         app.on_after_configure.connect(_on_configure, weak=False, dispatch_uid=_UID)
         wrap_sender(app, settle, _demotes_to_fifo, end_unsent)
         if metrics is not None:
-            watch_queue_wait(app, metrics, router.config.metrics_port)
+            watch_queue_wait(app, metrics, engine.config.metrics_port)
         if app.configured:
             try:
                 _settle(app, installation)
             except ConfigurationError:
-                uninstall(router, app)
+                uninstall(engine, app)
                 raise
         return receiver
 
 
-def uninstall(router: PriorityRouter, app: Celery) -> bool:
-    """Undo :func:`install`; False when ``router`` was not installed on ``app``."""
+def uninstall(engine: Engine, app: Celery) -> bool:
+    """Undo :func:`install`; False when ``engine``'s router was not installed on ``app``."""
     with _lock:
         installation = installation_of(app)
-        if installation is None or installation.router is not router:
+        if installation is None or installation.engine is not engine:
             return False
         del app.__dict__[ATTRIBUTE]
         _apps.discard(app)
@@ -133,14 +134,14 @@ def uninstall(router: PriorityRouter, app: Celery) -> bool:
         return True
 
 
-def configure_apps(router: PriorityRouter) -> None:
-    """Have every app ``router`` is installed on load its configuration, if it has not yet:
+def configure_apps(engine: Engine) -> None:
+    """Have every app ``engine``'s router is installed on load its configuration, if it has not yet:
     loading it settles the router on the app's ``priority_router_*`` settings (Django's
     ``CELERY_PRIORITY_ROUTER_*`` ones too), so a count, a read or a CLI command uses the
     same store as the app's publishes."""
     for app in list(_apps):
         installation = installation_of(app)
-        if installation is not None and installation.router is router and not app.configured:
+        if installation is not None and installation.engine is engine and not app.configured:
             app.conf.get("broker_url")  # the first read loads it; on_after_configure settles
 
 
@@ -163,7 +164,7 @@ def settle(app: Celery) -> Transport | None:
 
 
 def _settle(app: Celery, installation: Installation, publisher: bool = False) -> Transport:
-    router, receiver, warned = installation.router, installation.receiver, installation.warned
+    router, receiver, warned = installation.engine, installation.receiver, installation.warned
     try:
         _follow_settings(app, installation)
     except ConfigurationError as exc:
@@ -207,10 +208,10 @@ def _settle(app: Celery, installation: Installation, publisher: bool = False) ->
 
 def _follow_settings(app: Celery, installation: Installation) -> None:
     """Have the router follow the app's ``priority_router_*`` settings."""
-    router = installation.router
+    router = installation.engine
     settings = celery_values(app.conf)
     siblings = [installation_of(a) for a in list(_apps) if a is not app]
-    others = [i.celery_settings for i in siblings if i is not None and i.router is router]
+    others = [i.celery_settings for i in siblings if i is not None and i.engine is router]
     if any(other is not None and other != settings for other in others):
         if first_time(installation.warned, "clash"):
             logger.error(
@@ -267,7 +268,7 @@ def _demotes_to_fifo(app: Celery) -> bool:
     """Whether a publish RabbitMQ refused for want of x-max-priority is sent again
     without it (a router in dry run leaves the refusal to plain Celery)."""
     installation = installation_of(app)
-    return installation is not None and not installation.router.config.dry_run
+    return installation is not None and not installation.engine.config.dry_run
 
 
 def _unroutable(app: Celery, receiver: PublishReceiver, exc: ConfigurationError) -> None:
@@ -303,7 +304,7 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
     app, installation = found
     installation.pool = pool_of_worker(sender)
     transport = _settle_worker(app, installation)
-    if installation.router.config.dry_run:
+    if installation.engine.config.dry_run:
         return
     wanted = app.conf.worker_prefetch_multiplier
     if getattr(sender, "prefetch_multiplier", wanted) != wanted:
@@ -318,7 +319,7 @@ def _say_started(app: Celery, installation: Installation, transport: Transport) 
     """One INFO line per worker with what the router runs with, from every settings source."""
     if not first_time(installation.warned, "started"):
         return
-    config, conf = installation.router.config, app.conf
+    config, conf = installation.engine.config, app.conf
     options = conf.broker_transport_options or {}
     shown = f", max_connections={options['max_connections']}" if "max_connections" in options else ""
     pool = installation.pool
@@ -358,17 +359,17 @@ def _on_worker_ready(sender: Any = None, **_: Any) -> None:
     transport = installation.receiver.transport
     if transport is not None:
         _say_started(app, installation, transport)
-    if installation.router.config.dry_run:
+    if installation.engine.config.dry_run:
         return
     if transport is not None:
         queues = getattr(getattr(sender, "task_consumer", None), "queues", None) or []
         check_at_start(app, transport, [q.name for q in queues], getattr(sender, "hostname", ""))
     if installation.gate is None:
         pool = installation.pool
-        installation.gate = start_gate(app, installation.router, sender, pool.concurrency if pool else 1)
+        installation.gate = start_gate(app, installation.engine, sender, pool.concurrency if pool else 1)
     if installation.sweeper is not None:
         return
-    max_wait = installation.router.config.max_wait
+    max_wait = installation.engine.config.max_wait
     if max_wait is not None and installation.receiver.transport is Transport.REDIS:
         installation.sweeper = start_sweeper(app, sender, max_wait)
 
@@ -403,10 +404,10 @@ def _on_task_received(sender: Any = None, request: Any = None, **_: Any) -> None
     headers = getattr(request, "request_dict", None) or {}
     if H.REASON not in headers:
         if first_time(installation.warned, "unpriced"):
-            _warn_unpriced(request, installation.router.config.dry_run, installation.receiver.transport)
+            _warn_unpriced(request, installation.engine.config.dry_run, installation.receiver.transport)
     elif (
         headers.get(H.DRY_RUN)
-        and not installation.router.config.dry_run
+        and not installation.engine.config.dry_run
         and first_time(installation.warned, "dry-run publisher")
     ):
         _warn_dry_run_publisher(request)

@@ -1,7 +1,8 @@
 """The record ``install`` keeps on each app, and the one way to find an app's router.
 
 ``install.py`` writes the record; the worker-side modules (``endings.py``, ``gate.py``)
-and the CLI find the router through :func:`installed_router`.  This module imports
+find the router's working parts (``engine.py``) through :func:`installed_engine`, the CLI
+the router itself through :func:`installed_router`.  This module imports
 nothing of the package at run time, so every module can use it without a cycle.
 """
 
@@ -11,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ..engine import Engine
     from ..errors import ConfigurationError
     from ..router import PriorityRouter
     from .gate import GateThread
@@ -23,7 +25,9 @@ if TYPE_CHECKING:
 class Installation:
     """What ``install`` set up on one app, so that ``uninstall`` can take it all down."""
 
+    #: The router the user installed, and its working parts, which the integration uses.
     router: PriorityRouter
+    engine: Engine
     receiver: PublishReceiver
     #: Warnings already given for this app (each is said once).
     warned: set[str] = field(default_factory=set)
@@ -58,3 +62,9 @@ def installed_router(app: object) -> PriorityRouter | None:
     """The router installed on ``app``, if any."""
     installation = installation_of(app)
     return installation.router if installation is not None else None
+
+
+def installed_engine(app: object) -> Engine | None:
+    """The working parts of the router installed on ``app``, if any."""
+    installation = installation_of(app)
+    return installation.engine if installation is not None else None

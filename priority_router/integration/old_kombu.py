@@ -90,7 +90,7 @@ class WakeStep(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery is unty
     def start(self, parent: Any) -> None:
         hub = getattr(parent, "hub", None)
         installation = installation_of(parent.app)
-        if hub is None or installation is None or installation.router.config.dry_run:
+        if hub is None or installation is None or installation.engine.config.dry_run:
             return
         if not wakes_loop(installation.receiver.transport, installation.pool):
             return

@@ -28,7 +28,7 @@ from rich.table import Table
 
 from ..errors import ConfigurationError, CounterUnavailable, PriorityRouterError
 from ..redact import redact_url
-from ..router import PriorityRouter, installed_router
+from ..router import PriorityRouter, engine_of, installed_router
 from ..store.counter import Counter, CounterState
 from ..store.gate import describe_held, held_by
 from ..store.inflight import InflightCounter
@@ -61,7 +61,7 @@ __all__ = ["main"]
 
 
 def _row(router: PriorityRouter, state: CounterState) -> dict[str, Any]:
-    interval = router.store.reset_interval_ms / 1000
+    interval = engine_of(router).store.reset_interval_ms / 1000
     ttl = state.ttl_ms / 1000 if state.ttl_ms is not None else None
     return {
         "client_id": state.client_id,
@@ -70,7 +70,11 @@ def _row(router: PriorityRouter, state: CounterState) -> dict[str, Any]:
         "seconds_since_update": round(interval - ttl, 3) if ttl is not None else None,
         "seconds_until_reset": round(ttl, 3) if ttl is not None else None,
         "tracked": ttl is not None,
-        **({"in_flight": 1 - state.pending if ttl is not None else 0} if router.inflight is not None else {}),
+        **(
+            {"in_flight": 1 - state.pending if ttl is not None else 0}
+            if engine_of(router).inflight is not None
+            else {}
+        ),
     }
 
 
@@ -84,12 +88,16 @@ def status(ctx: click.Context, as_json: bool, app_name: str | None, limit: int |
     """Every tracked client: pending count, priority, last update, time to reset."""
     router = router_for(ctx, app_name)
     try:
-        rows = [_row(router, s) for s in router.store.scan()]
-        limited = bool(router.limit_store.snapshot())
+        rows = [_row(router, s) for s in engine_of(router).store.scan()]
+        limited = bool(engine_of(router).limit_store.snapshot())
         if limited:
             # Clients whose count has reset may still have documents held.
             listed = {r["client_id"] for r in rows}
-            rows += [_row(router, router.state(c)) for c in router.gate_store.holding() if c not in listed]
+            rows += [
+                _row(router, router.state(c))
+                for c in engine_of(router).gate_store.holding()
+                if c not in listed
+            ]
             for r in rows:
                 r["gate"] = _gate_row(router, r["client_id"])
     except Exception as exc:
@@ -103,7 +111,7 @@ def status(ctx: click.Context, as_json: bool, app_name: str | None, limit: int |
         emit_json([{k: v for k, v in r.items() if k != "tracked"} for r in rows])
         return
     table = Table(title=f"priority-router clients at {redact_url(router.config.redis_url)}")
-    inflight = router.inflight is not None
+    inflight = engine_of(router).inflight is not None
     columns: tuple[str, ...] = ("client", "pending", "priority", "since update", "until reset")
     columns += ("in flight",) if inflight else ()
     columns += ("running", "held", "limits") if limited else ()
@@ -254,8 +262,10 @@ def reset(ctx: click.Context, client: str | None, everyone: bool, yes: bool, app
             fail("reset --all forgets every client's count; add --yes to confirm", 2)
         try:
             config = router.config
-            seed = Counter(router.redis, config.key_prefix, config.reset_interval).clear_all()
-            inflight = InflightCounter(router.redis, config.key_prefix, config.reset_interval).clear_all()
+            seed = Counter(engine_of(router).redis, config.key_prefix, config.reset_interval).clear_all()
+            inflight = InflightCounter(
+                engine_of(router).redis, config.key_prefix, config.reset_interval
+            ).clear_all()
         except Exception as exc:
             fail(f"cannot reset at {redact_url(router.config.redis_url)}: {exc}")
         # Both modes' keys: a router switched from one mode leaves the other's.
@@ -476,7 +486,7 @@ def _held_documents_note(ctx: click.Context, app_name: str | None, broker_url: s
     if app is not None and installed_router(load_app(app)) is None:
         return None  # a plain app names no store; the publishers' app does
     try:
-        held = router_for(ctx, app_name if broker_url is None else None).gate_store.held_now()
+        held = engine_of(router_for(ctx, app_name if broker_url is None else None)).gate_store.held_now()
     except Exception as exc:
         return f"could not count documents held by caps in the counter store ({exc})"
     if not held:

@@ -207,7 +207,7 @@ def router_for(ctx: click.Context, app_name: str | None = None) -> PriorityRoute
             fail(f"no PriorityRouter is installed on {app_name!r}; call install(app) where it is created", 2)
         # The app's own priority_router_* settings (a celeryconfig module, Django's
         # CELERY_PRIORITY_ROUTER_*) count only once the app has loaded its configuration.
-        config = installed.follow_apps().config
+        config = installed.config
         context = ctx.find_object(Context)
         typed = {k: v for k, v in (context.typed if context else {}).items() if getattr(config, k) != v}
         if typed:

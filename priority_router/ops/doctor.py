@@ -46,7 +46,7 @@ from ..integration.rabbitmq import (
 )
 from ..limits import Limits
 from ..redact import redact_url
-from ..router import PriorityRouter, installed_router
+from ..router import PriorityRouter, engine_of, installed_router
 from ..store.client_ids import glob_escape
 from ..store.connection import is_cluster
 from ..store.gate import GateState
@@ -470,19 +470,19 @@ def _check_counter(app: Celery, transport: Transport) -> Iterator[Finding]:
         return
     where = redact_url(router.config.redis_url)
     timeout = router.config.socket_timeout
-    cluster = is_cluster(router.redis)
+    cluster = is_cluster(engine_of(router).redis)
     state = "ok"
     try:
         if cluster:
             # A plain PING reaches one node of a cluster; every client is counted only when
             # every master answers and the cluster says it serves all slots.
-            router.redis.ping(target_nodes="primaries")
-            info = router.redis.execute_command("CLUSTER INFO")  # type: ignore[no-untyped-call]
+            engine_of(router).redis.ping(target_nodes="primaries")
+            info = engine_of(router).redis.execute_command("CLUSTER INFO")  # type: ignore[no-untyped-call]
             state = info.get("cluster_state", "?")
         started = time.perf_counter()
-        router.redis.ping()
+        engine_of(router).redis.ping()
         took = time.perf_counter() - started
-        version = router.redis.info("server").get("redis_version", "?")
+        version = engine_of(router).redis.info("server").get("redis_version", "?")
     except Exception as exc:
         yield Finding(
             "counter store",
@@ -513,7 +513,7 @@ def _check_counter(app: Celery, transport: Transport) -> Iterator[Finding]:
     kind = "Redis Cluster" if cluster else "Redis"
     yield Finding("counter store", True, f"{kind} {version} at {where} answers in {took * 1000:.1f} ms")
     try:
-        router.schema.check(claim=False)
+        engine_of(router).schema.check(claim=False)
     except SchemaMismatch as exc:
         yield Finding("schema", False, exc.problem, exc.fix)
     else:
@@ -525,7 +525,7 @@ def _check_table(router: PriorityRouter) -> Finding:
     """Whether two or more clients share the threshold table's last row (served FIFO among them)."""
     policy = router.policy
     found = saturation(
-        policy, ((s.client_id, s.pending) for s in router.store.scan() if s.ttl_ms is not None)
+        policy, ((s.client_id, s.pending) for s in engine_of(router).store.scan() if s.ttl_ms is not None)
     )
     if found is not None:
         # Said, not failed: it is how the table serves a busy hour, not a broken deployment.
@@ -581,10 +581,10 @@ def _check_limits(
     router = installed_router(app)
     if router is None:
         return
-    clients = {c: v for c, v in router.limit_store.all().items() if isinstance(v, Limits) and v}
-    default = router.limit_store.get_default()
+    clients = {c: v for c, v in engine_of(router).limit_store.all().items() if isinstance(v, Limits) and v}
+    default = engine_of(router).limit_store.get_default()
     now = time.time() * 1000
-    held = router.gate_store.held_now()
+    held = engine_of(router).gate_store.held_now()
     if not clients and not default:
         oldest = min((s.oldest_held_ms for s in held.values() if s.oldest_held_ms is not None), default=None)
         if oldest is not None and now - oldest > STRANDED_AFTER * 1000:

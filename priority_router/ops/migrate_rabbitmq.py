@@ -124,7 +124,7 @@ def _publisher_mark(
             "it on the publishers first; for --to plain migrate before removing it), or stop every "
             "publisher of the queue and add --publishers-stopped",
         )
-    config = router.follow_apps().config
+    config = router.config
     client = make_client(config.redis_url, 2.0, 5.0)
     if not dry_run:
         try:

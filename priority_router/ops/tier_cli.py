@@ -21,7 +21,7 @@ from rich.table import Table
 from ..errors import ConfigurationError, CounterUnavailable
 from ..limits import Limits
 from ..redact import redact_url
-from ..router import PriorityRouter
+from ..router import PriorityRouter, engine_of
 from ..store.client_ids import normalize_client_id
 from ..store.limit_store import LIMITS_REFRESH
 from ..store.tier_store import DEFAULT_TIER_REFRESH
@@ -209,7 +209,7 @@ def unset(ctx: click.Context, client: str | None, default: bool, app_name: str |
         held = (
             router.gate_state(client).held
             if client
-            else sum(state.held for state in router.gate_store.held_now().values())
+            else sum(state.held for state in engine_of(router).gate_store.held_now().values())
         )
     except CounterUnavailable as exc:
         fail(str(exc))
@@ -232,11 +232,11 @@ def list_tiers(ctx: click.Context, as_json: bool, app_name: str | None) -> None:
     """Every client with a tier of its own, sorted, and the default tier."""
     router = router_for(ctx, app_name)
     try:
-        limits = router.limit_store.all()
+        limits = engine_of(router).limit_store.all()
         rows = sorted(
             (
                 {"client_id": client, **_tier_row(_with_limits(found, limits.get(client)))}
-                for client, found in router.tier_store.scan()
+                for client, found in engine_of(router).tier_store.scan()
             ),
             key=lambda r: str(r["client_id"]),
         )

@@ -13,6 +13,7 @@ from support.redis_wire import record_sends
 
 from priority_router import PriorityRouter
 from priority_router.decision import Reason
+from priority_router.router import engine_of
 from priority_router.store.costs import InvalidCost, costs_in_use_key
 
 
@@ -135,7 +136,7 @@ def test_inflight_end_without_a_cost_ends_a_costed_document(client: redis.Redis,
     assert router.state("c").counted == 1, "the 30 went back, t2 is still in flight"
     assert router.end("c", "t1") is False, "once"
     assert router.end("c", "t2") is True
-    assert not client.exists(router.store.key("c"))
+    assert not client.exists(engine_of(router).store.key("c"))
     assert router.record("c", "t3").pending == 0
 
 
@@ -168,9 +169,9 @@ def test_a_worker_end_with_a_wrong_cost_says_so_once_per_client(
     for task in ("t1", "t2"):
         router.record("c", task, cost=4)
     with caplog.at_level(logging.WARNING, logger="priority_router"):
-        assert router.end_quietly("c", "t1", "2") is True
-        assert router.end_quietly("c", "t2", "2") is True
-        assert router.end_quietly("c", "t2", "2") is False
+        assert engine_of(router).end_quietly("c", "t1", "2") is True
+        assert engine_of(router).end_quietly("c", "t2", "2") is True
+        assert engine_of(router).end_quietly("c", "t2", "2") is False
     assert router.state("c").pending == 0
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "counted at cost 4, and its end gave cost 2" in warnings[0]
@@ -208,7 +209,7 @@ def test_inflight_count_is_zero_exactly_once_everything_ended(client: redis.Redi
     for n, d in reversed(list(enumerate(docs))):
         router.end("acme", d, cost=0.001 + n * 1.7)
     assert router.state("acme").pending == 0 and router.state("acme").ttl_ms is None
-    assert not client.exists(router.store.key("acme"))
+    assert not client.exists(engine_of(router).store.key("acme"))
     assert router.record("acme", ids(1)[0]).pending == 0
 
 
@@ -218,7 +219,7 @@ def test_reset_and_reset_all_clear_the_costs_too(client: redis.Redis, key_prefix
     router.record("b", cost=5)
     assert router.reset("a") is True
     assert router.record("a").pending == 0
-    assert router.store.clear_all() == 3  # b's count and extras, a's count
+    assert engine_of(router).store.clear_all() == 3  # b's count and extras, a's count
     assert router.record("b").pending == 0
 
 
@@ -254,7 +255,7 @@ def test_other_publishers_read_the_costs_once_they_are_in_use(client: redis.Redi
     other = make(client, key_prefix)
     other.record("warm")
     costed.record("acme", cost=10)
-    other.costs_in_use._read_until = 0  # its next read of the marker is due
+    engine_of(other).costs_in_use._read_until = 0  # its next read of the marker is due
     assert other.record("acme").pending == -10
 
 
@@ -288,7 +289,7 @@ def test_inflight_counted_cost_is_the_costs_in_flight_under_any_interleaving(
         assert router.state("acme").counted == pytest.approx(round(sum(in_flight.values()), 3))
     for task, cost in list(in_flight.items()):
         router.end("acme", task, cost=cost)
-    assert router.state("acme").ttl_ms is None and not client.exists(router.store.key("acme"))
+    assert router.state("acme").ttl_ms is None and not client.exists(engine_of(router).store.key("acme"))
 
 
 @pytest.mark.integration

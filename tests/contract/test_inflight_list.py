@@ -11,6 +11,7 @@ import redis
 from support.redis_wire import record_sends
 
 from priority_router import PriorityRouter
+from priority_router.router import engine_of
 from priority_router.store.inflight import InflightCounter, member
 
 
@@ -37,7 +38,7 @@ def test_publish_lowers_and_end_raises_exactly_once(client: redis.Redis, key_pre
     for d in docs[1:]:
         assert router.end("acme", d) is True
     assert router.peek("acme").pending == 0 and router.state("acme").ttl_ms is None
-    assert client.exists(router.store.key("acme")) == 0, "Redis drops the emptied list"
+    assert client.exists(engine_of(router).store.key("acme")) == 0, "Redis drops the emptied list"
     assert router.end("acme", docs[1]) is False, "never above nothing in flight"
     assert router.end("acme", "never-published") is False
     assert router.record("acme", "x").pending == 0
@@ -52,7 +53,7 @@ def test_a_task_id_published_twice_is_two_messages(client: redis.Redis, key_pref
     assert router.peek("acme").pending == 0, "one of the two is still in flight"
     assert router.end("acme", "same") is True
     assert router.end("acme", "same") is False
-    assert client.exists(router.store.key("acme")) == 0
+    assert client.exists(engine_of(router).store.key("acme")) == 0
 
 
 def test_ends_in_any_order(client: redis.Redis, key_prefix: str) -> None:
@@ -137,7 +138,7 @@ def test_concurrent_publishes_and_ends_lose_nothing(client: redis.Redis, key_pre
         t.join()
     assert errors == []
     assert router.peek("shared").pending == 0
-    assert client.exists(router.store.key("shared")) == 0
+    assert client.exists(engine_of(router).store.key("shared")) == 0
 
 
 def test_entries_are_8_byte_digests() -> None:
@@ -153,7 +154,7 @@ def test_entries_are_stored_compactly(real_redis: redis.Redis, key_prefix: str) 
     router = make(real_redis, key_prefix)
     for d in ids(100):
         router.record("acme", d)
-    key = router.store.key("acme")
+    key = engine_of(router).store.key("acme")
     per_entry = (real_redis.memory_usage(key) or 0) / 100
     assert real_redis.llen(key) == 100
     assert per_entry < 20, f"{per_entry:.1f} bytes an entry: entries are not 8 bytes"

@@ -12,6 +12,7 @@ from support.redis_wire import record_sends
 from priority_router import DEFAULT_THRESHOLDS, PriorityRouter
 from priority_router.errors import ConfigurationError
 from priority_router.limits import Limits
+from priority_router.router import engine_of
 from priority_router.tiers import Tier, decode
 
 #: The worked example's priorities for documents 1..23 of one client (docs/scheme.md).
@@ -106,7 +107,7 @@ def test_default_tier_applies_to_clients_without_their_own(client: redis.Redis, 
 def test_other_publishers_see_a_new_default_after_the_refresh(client: redis.Redis, key_prefix: str) -> None:
     operator = make(client, key_prefix)
     publisher = make(client, key_prefix)
-    publisher.tier_store.refresh = 0.2
+    engine_of(publisher).tier_store.refresh = 0.2
     assert publisher.record("a").tier is None
     operator.set_default_tier(fixed=9)
     assert publisher.record("b").tier is None, "kept in memory until the refresh"
@@ -135,7 +136,7 @@ def test_until_a_tier_is_stored_checks_leave_the_tier_out(
     client: redis.Redis, key_prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     publisher = make(client, key_prefix)
-    publisher.tier_store.refresh = 0.2
+    engine_of(publisher).tier_store.refresh = 0.2
     publisher.record("warm")
     sent = record_sends(client, monkeypatch)
     publisher.record("acme")
@@ -186,7 +187,7 @@ def test_tiers_lists_every_client_with_its_own(client: redis.Redis, key_prefix: 
     assert listed["acme"] == Tier(2, -1)
     assert [t for c, t in listed.items() if c.startswith("#")] == [Tier(fixed=3)], "long ids are hashed"
     assert len(listed) == 2
-    router.store.clear_all()
+    engine_of(router).store.clear_all()
     assert len(router.tiers()) == 2, "reset --all leaves tiers: they are configuration"
 
 
@@ -195,7 +196,7 @@ def test_an_unreadable_stored_tier_never_breaks_a_publish(
 ) -> None:
     router = make(client, key_prefix)
     router.set_tier("acme", weight=2)
-    client.set(router.tier_store.key("acme"), "weight two")  # written by hand
+    client.set(engine_of(router).tier_store.key("acme"), "weight two")  # written by hand
     with caplog.at_level(logging.ERROR, logger="priority_router"):
         decisions = [router.decide("acme") for _ in range(3)]
     assert [(d.priority, d.tier) for d in decisions] == [(1, None)] * 3
@@ -228,7 +229,7 @@ def test_limits_leave_every_publish_exactly_as_it_was(
 ) -> None:
     """Publishers never read limits: a deployment with caps and rates only sends the bare check."""
     publisher = make(client, key_prefix)
-    publisher.tier_store.refresh = 0  # it reads the default tier and the marker each time
+    engine_of(publisher).tier_store.refresh = 0  # it reads the default tier and the marker each time
     operator = make(client, key_prefix)
     publisher.record("warm")
     sent = record_sends(client, monkeypatch)

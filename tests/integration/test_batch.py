@@ -8,7 +8,7 @@ import pytest
 from celery import Celery, group
 from support.services import running_worker
 
-from priority_router.router import installed_router
+from priority_router.router import engine_of, installed_router
 
 SEQUENTIAL = [1, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7, 8, 8, 8, 8, 8, 8, 9, 9, 9, 9]
 
@@ -23,7 +23,7 @@ def test_a_group_in_a_batch_gets_the_one_by_one_priorities_in_one_round_trip(
     # Before counting round trips: the counter store's connection exists, and on RabbitMQ this
     # process has made its first read of the queue migrations (then one a second, not one a publish).
     app.send_task("workers.process_document", ("warm", "w0", 0), headers={"client_id": "warm"})
-    pool = router.redis.connection_pool
+    pool = engine_of(router).redis.connection_pool
     checkouts: list[object] = []
     real = pool.get_connection
     monkeypatch.setattr(pool, "get_connection", lambda *a, **k: checkouts.append(a) or real(*a, **k))

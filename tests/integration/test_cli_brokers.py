@@ -19,6 +19,7 @@ from kombu import Connection, Queue
 from support.services import broker_db_url, running_worker
 
 from priority_router.ops.cli import main
+from priority_router.router import engine_of
 
 AppFactory = Callable[..., str]
 
@@ -213,9 +214,9 @@ def test_doctor_flags_a_cap_that_can_never_bite_and_documents_held_past_max_wait
     router.set_tier("bulk", max_in_flight=1)
     limits = router.limits("bulk")
     long_ago = int(time.time() * 1000) - 40_000
-    router.gate_store.admit("bulk", "running", limits, 1000, now_ms=long_ago)
-    verdict = router.gate_store.admit("bulk", "waiting", limits, 1000, now_ms=long_ago)
-    router.gate_store.note_held("bulk", verdict)
+    engine_of(router).gate_store.admit("bulk", "running", limits, 1000, now_ms=long_ago)
+    verdict = engine_of(router).gate_store.admit("bulk", "waiting", limits, 1000, now_ms=long_ago)
+    engine_of(router).gate_store.note_held("bulk", verdict)
     code, findings = invoke("doctor", "-A", name, "-P", "threads", "-c", "4")
     (finding,) = [f for f in findings if f["check"] == "limits" and "max_wait" in f["detail"]]
     # Held 40 s ago, and doctor's looks take their seconds on a busy machine.
@@ -226,7 +227,7 @@ def test_doctor_flags_a_cap_that_can_never_bite_and_documents_held_past_max_wait
     assert code == 1
 
     # The running document ended and nothing released the held one: no router worker runs.
-    router.gate_store.end("bulk", "running", limits)
+    engine_of(router).gate_store.end("bulk", "running", limits)
     code, findings = invoke("doctor", "-A", name, "-P", "threads", "-c", "4")
     stalled = [f for f in findings if f["check"] == "limits" and "release such documents" in f["detail"]]
     assert len(stalled) == 1, findings
@@ -288,9 +289,9 @@ def test_doctor_without_a_worker_or_pool_blames_the_held_documents_not_a_guessed
     router.set_tier("bulk", max_in_flight=2)
     limits = router.limits("bulk")
     for task in ("r1", "r2", "h1", "h2"):
-        verdict = router.gate_store.admit("bulk", task, limits, 1000)
+        verdict = engine_of(router).gate_store.admit("bulk", task, limits, 1000)
     assert verdict.outcome == "held"
-    router.gate_store.note_held("bulk", verdict)
+    engine_of(router).gate_store.note_held("bulk", verdict)
 
     code, findings = invoke("doctor", "-A", name)
     assert failed(findings) == {"held"}, findings

@@ -17,6 +17,7 @@ from click.testing import CliRunner, Result
 from priority_router import PriorityRouter
 from priority_router.limits import Limits
 from priority_router.ops.cli import main
+from priority_router.router import engine_of
 from priority_router.store.client_ids import client_token, tier_key
 from priority_router.tiers import Tier
 
@@ -35,7 +36,7 @@ def router(counter_url: str, key_prefix: str) -> PriorityRouter:
     """A publisher on the same store; it reads the default tier and the in-use marker at
     every check instead of every 5 s, so what the CLI sets applies at once."""
     publisher = PriorityRouter(redis_url=counter_url, key_prefix=key_prefix)
-    publisher.tier_store.refresh = 0.0
+    engine_of(publisher).tier_store.refresh = 0.0
     return publisher
 
 
@@ -195,7 +196,7 @@ def test_an_unreadable_tier_is_listed_as_invalid_with_the_fix(
     cli: Callable[..., Result], router: PriorityRouter, key_prefix: str
 ) -> None:
     router.set_tier("fine", shift=1)
-    router.redis.set(tier_key(key_prefix, "broken"), "w=heavy")
+    engine_of(router).redis.set(tier_key(key_prefix, "broken"), "w=heavy")
     rows = listed(cli)["clients"]
     broken = rows[0]
     assert broken["client_id"] == "broken" and broken["tier"] is None
@@ -208,7 +209,7 @@ def test_an_unreadable_tier_is_listed_as_invalid_with_the_fix(
     inspected = json.loads(cli("inspect", "broken", "--json").output)
     assert inspected["tier"].startswith("client: invalid (stored value 'w=heavy' is not a tier")
 
-    router.redis.set(key_prefix + "tier-default", "s=x")
+    engine_of(router).redis.set(key_prefix + "tier-default", "s=x")
     assert "is not a tier" in str(listed(cli)["default"])
     again = cli("tier", "set", "broken", "--fixed", "4")
     assert again.output.startswith("broken: fixed=4 (was: unreadable)")
@@ -413,10 +414,10 @@ def test_unset_says_how_many_documents_the_lifted_cap_held(
     assert cli("tier", "set", "bulk", "--max-in-flight", "1").exit_code == 0
     router = PriorityRouter(counter_url, key_prefix=key_prefix)
     limits = router.limits("bulk")
-    assert router.gate_store.admit("bulk", "first", limits, 1000).outcome == "run"
+    assert engine_of(router).gate_store.admit("bulk", "first", limits, 1000).outcome == "run"
     for task in ("second", "third"):
-        held = router.gate_store.admit("bulk", task, limits, 1000)
-        router.gate_store.note_held("bulk", held)
+        held = engine_of(router).gate_store.admit("bulk", task, limits, 1000)
+        engine_of(router).gate_store.note_held("bulk", held)
     result = cli("tier", "unset", "bulk")
     assert result.exit_code == 0, result.output
     assert "2 document(s) held by caps wait in their holding queue" in result.output

@@ -35,6 +35,7 @@ from priority_router import (
 )
 from priority_router import headers as H
 from priority_router.ops.cli import main
+from priority_router.router import engine_of
 from priority_router.store.counter import Counter
 from workers.app import create_app
 
@@ -54,7 +55,7 @@ def router(redis_cluster: LocalCluster, key_prefix: str) -> PriorityRouter:
 
 def masters_of(cluster: LocalCluster, router: PriorityRouter, clients: list[str]) -> set[int]:
     """The ports of the masters holding these clients' counts."""
-    return {cluster.master_of_key(router.counter.key(c)).port for c in clients}
+    return {cluster.master_of_key(engine_of(router).counter.key(c)).port for c in clients}
 
 
 # -- the URL ------------------------------------------------------------------------------
@@ -144,8 +145,8 @@ def test_tiers_are_read_in_the_check_on_every_master(
     for client in clients:
         # The tier key shares the client's slot, so the check's transaction reads it.
         assert router.record(client).priority == 7
-        with redis_cluster.master_of_key(router.counter.key(client)).client() as master:
-            assert master.exists(router.tier_store.key(client)) == 1
+        with redis_cluster.master_of_key(engine_of(router).counter.key(client)).client() as master:
+            assert master.exists(engine_of(router).tier_store.key(client)) == 1
     assert router.record("untiered").tier == "default: shift=1"
     prefix = router.config.key_prefix
     inflight = PriorityRouter(redis_url=redis_cluster.url, key_prefix=prefix, mode="inflight")
@@ -161,7 +162,7 @@ def test_each_count_lives_on_its_master_and_expires_with_the_reset(
         router.record(client)
     router.record("client-0")
     for client in clients:
-        key = router.counter.key(client)
+        key = engine_of(router).counter.key(client)
         # The master serving the key's slot holds it: one slot per client, no redirects.
         with redis_cluster.master_of_key(key).client() as master:
             assert master.get(key) == (b"2" if client == "client-0" else b"1")
@@ -171,7 +172,7 @@ def test_each_count_lives_on_its_master_and_expires_with_the_reset(
 
 def test_the_reset_is_the_keys_expiry(redis_cluster: LocalCluster, key_prefix: str) -> None:
     router = PriorityRouter(redis_url=redis_cluster.url, key_prefix=key_prefix)
-    counter = Counter(router.redis, key_prefix, reset_interval=0.3)
+    counter = Counter(engine_of(router).redis, key_prefix, reset_interval=0.3)
     counter.record("acme")
     assert counter.record("acme") == -1
     time.sleep(0.45)
@@ -204,14 +205,14 @@ def test_scan_and_clear_all_cover_every_master(
     for client in ids:
         router.record(client)
     router.record("c7")
-    states = {s.client_id: s for s in router.counter.scan(count=100)}
+    states = {s.client_id: s for s in engine_of(router).counter.scan(count=100)}
     assert len(states) == len(ids)
     assert states["c7"].pending == -1
     assert states["odd:{id}*"].pending == 0
     assert masters_of(redis_cluster, router, ids[:60]) == {m.port for m in redis_cluster.masters()}
 
-    assert router.counter.clear_all(count=100) == len(ids)
-    assert list(router.counter.scan()) == []
+    assert engine_of(router).counter.clear_all(count=100) == len(ids)
+    assert list(engine_of(router).counter.scan()) == []
     for master in redis_cluster.masters():
         with master.client() as direct:
             assert list(direct.scan_iter(match=key_prefix + "{*")) == []  # the schema marker stays
@@ -367,7 +368,7 @@ def test_publishes_keep_going_through_a_failover(
         "PRIORITY_ROUTER_CONNECT_TIMEOUT": "0.25",
         "PRIORITY_ROUTER_SOCKET_TIMEOUT": "0.25",
     }
-    keys = PriorityRouter.from_env(env).counter
+    keys = engine_of(PriorityRouter.from_env(env)).counter
     victim = cluster.master_of_key(keys.key("client-0"))
     replica = cluster.replica_of(victim)
     candidates = [f"client-{i}" for i in range(40)]

@@ -13,6 +13,7 @@ from support.services import FAST_REDELIVERY, close_app, kill_worker_mid_work, r
 
 from priority_router import PriorityRouter
 from priority_router import headers as H
+from priority_router.router import engine_of
 from workers.app import create_app
 
 HOLD = "tests.hold_and_record"
@@ -98,7 +99,7 @@ def test_inflight_costs_return_to_zero_after_every_end_even_a_killed_workers(
             time.sleep(0.05)
     state = router.state("acme")
     assert (state.counted, state.pending) == (0, 0)
-    assert not router.redis.exists(router.store.key("acme"))
+    assert not engine_of(router).redis.exists(engine_of(router).store.key("acme"))
 
 
 def test_inspect_and_status_show_a_clients_counted_cost(

@@ -17,6 +17,7 @@ from support.celery_versions import skip_without_fast_redelivery
 from support.services import FAST_REDELIVERY, free_port, kill_worker_mid_work, running_worker
 
 from priority_router import PriorityRouter
+from priority_router.router import engine_of
 from priority_router.store.inflight import member
 
 pytestmark = pytest.mark.compat
@@ -170,12 +171,12 @@ def test_a_killed_workers_documents_are_ended_exactly_once(
     app = _app(producer, env)
     router = _router(env)
     ids = [app.send_task(HOLD, (1.5,), headers={"client_id": "acme"}).id for _ in range(6)]
-    key = router.store.key("acme")
+    key = engine_of(router).store.key("acme")
     kill_worker_mid_work(env, "--pool", "threads", "--concurrency", "2")
     # Nothing unfinished was ended by the kill.
     unfinished = [i for i in ids if not app.AsyncResult(i).ready()]
     assert unfinished
-    in_flight = router.redis.lrange(key, 0, -1)
+    in_flight = engine_of(router).redis.lrange(key, 0, -1)
     assert all(member(i) in in_flight for i in unfinished)
     with running_worker(env, "--pool", "threads", "--concurrency", "2"):
         for i in ids:
@@ -223,7 +224,7 @@ def test_a_killed_prefork_childs_document_is_ended_by_the_main_process(
         # and the count never went below nothing-in-flight.
         assert _wait_in_flight(router, "acme", 0) == 0
     assert router.peek("acme").pending == 0
-    assert router.redis.exists(router.store.key("acme")) == 0
+    assert engine_of(router).redis.exists(engine_of(router).store.key("acme")) == 0
 
 
 def test_a_document_killed_at_its_hard_time_limit_is_ended(
@@ -233,12 +234,14 @@ def test_a_document_killed_at_its_hard_time_limit_is_ended(
     app = _app(producer, env)
     router = _router(env)
     doomed = app.send_task(HOLD, (30,), headers={"client_id": "slow"}, time_limit=1)
-    assert router.peek("slow").pending == 0 and router.redis.exists(router.store.key("slow"))
+    assert router.peek("slow").pending == 0 and engine_of(router).redis.exists(
+        engine_of(router).store.key("slow")
+    )
     with running_worker(env, "--pool", "prefork", "--concurrency", "1"):
         with pytest.raises(TimeLimitExceeded):
             doomed.get(timeout=60)
         assert _wait_in_flight(router, "slow", 0) == 0
-    assert router.redis.exists(router.store.key("slow")) == 0
+    assert engine_of(router).redis.exists(engine_of(router).store.key("slow")) == 0
 
 
 def test_a_document_rejected_with_requeue_stays_in_flight_until_it_runs_again(
@@ -252,7 +255,7 @@ def test_a_document_rejected_with_requeue_stays_in_flight_until_it_runs_again(
         seen = result.get(timeout=60)
         assert seen["in_flight"] == 1, "the requeued document was ended before it ran again"
         assert _wait_in_flight(router, "requeued", 0) == 0
-    assert router.redis.exists(router.store.key("requeued")) == 0
+    assert engine_of(router).redis.exists(engine_of(router).store.key("requeued")) == 0
 
 
 def test_a_publish_the_broker_refuses_is_not_left_in_flight(worker_env: dict[str, str]) -> None:

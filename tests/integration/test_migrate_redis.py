@@ -18,6 +18,7 @@ from click.testing import CliRunner
 from support.services import ROOT, Worker, broker_db_url, counter_db_url, worker_environment
 
 from priority_router.ops.cli import main
+from priority_router.router import engine_of
 from workers.app import create_app
 
 SEP = "\x06\x16"
@@ -276,10 +277,10 @@ def test_switching_off_names_the_documents_caps_hold_in_the_store(
     router = PriorityRouter(store, key_prefix=prefix)
     router.set_tier("bulk", max_in_flight=1)
     limits = router.limits("bulk")
-    assert router.gate_store.admit("bulk", "first", limits, 1000).outcome == "run"
-    held = router.gate_store.admit("bulk", "second", limits, 1000)
+    assert engine_of(router).gate_store.admit("bulk", "first", limits, 1000).outcome == "run"
+    held = engine_of(router).gate_store.admit("bulk", "second", limits, 1000)
     assert held.outcome == "held"
-    router.gate_store.note_held("bulk", held)
+    engine_of(router).gate_store.note_held("bulk", held)
     result = CliRunner().invoke(
         main,
         ["migrate", queue, "--to", "plain", "-b", broker_db_url(redis_server_url), "--json"],

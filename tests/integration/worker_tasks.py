@@ -9,6 +9,7 @@ from celery import Task, shared_task
 from celery.exceptions import Reject
 
 from priority_router import headers as H
+from priority_router.router import engine_of
 
 
 def _seen(task: Task) -> dict[str, Any]:
@@ -66,8 +67,11 @@ def reject_once(self: Task, client_id: str) -> dict[str, Any]:
     from priority_router.router import installed_router
 
     router = installed_router(self.app)
-    assert router is not None and router.inflight is not None
-    return {**_seen(self), "in_flight": router.redis.llen(router.inflight.key(client_id))}
+    assert router is not None and engine_of(router).inflight is not None
+    return {
+        **_seen(self),
+        "in_flight": engine_of(router).redis.llen(engine_of(router).inflight.key(client_id)),
+    }
 
 
 @shared_task(bind=True, name="tests.count_run")

@@ -21,6 +21,7 @@ from celery.signals import task_failure, task_received
 from priority_router import PriorityRouter
 from priority_router import headers as H
 from priority_router.integration.endings import watch_endings
+from priority_router.router import engine_of
 
 
 class Request:
@@ -71,7 +72,9 @@ def test_a_lost_documents_failure_ends_it_once(
         if on_the_stack:
             task.request_stack.pop()
     assert router.peek("acme").pending == 0
-    assert router.redis.lrange(router.store.key("acme"), 0, -1) != []  # "other" is still in flight
+    assert (
+        engine_of(router).redis.lrange(engine_of(router).store.key("acme"), 0, -1) != []
+    )  # "other" is still in flight
 
 
 def test_an_ordinary_failure_or_an_unknown_id_ends_nothing(app: Celery, router: PriorityRouter) -> None:

@@ -9,6 +9,7 @@ import pytest
 from priority_router import PriorityRouter
 from priority_router.config import RouterConfig
 from priority_router.errors import ConfigurationError
+from priority_router.router import engine_of
 from priority_router.store.client_ids import client_id_from_inflight_key, client_key, inflight_key
 
 
@@ -25,9 +26,9 @@ def test_keys_do_not_collide_with_the_seed_counter() -> None:
     assert inflight.record("acme", "t1").pending == 0
     assert seed.record("acme").pending == -1
     assert inflight.record("acme", "t2").pending == -1
-    assert [s.client_id for s in seed.store.scan()] == ["acme"]
-    assert [(s.client_id, s.pending) for s in inflight.store.scan()] == [("acme", -1)]
-    assert inflight.store.clear_all() == 2, "its list and its order key"
+    assert [s.client_id for s in engine_of(seed).store.scan()] == ["acme"]
+    assert [(s.client_id, s.pending) for s in engine_of(inflight).store.scan()] == [("acme", -1)]
+    assert engine_of(inflight).store.clear_all() == 2, "its list and its order key"
     assert seed.peek("acme").pending == -1
     key = inflight_key("priority-router:", "a{b}:i")
     assert key != client_key("priority-router:", "a{b}:i")
@@ -37,7 +38,7 @@ def test_keys_do_not_collide_with_the_seed_counter() -> None:
 def test_ttl_is_the_idle_reset_rearmed_by_ends(router: PriorityRouter) -> None:
     router.record("acme", "a")
     router.record("acme", "b")
-    router.redis.pexpire(router.store.key("acme"), 10)
+    engine_of(router).redis.pexpire(engine_of(router).store.key("acme"), 10)
     router.end("acme", "a")
     assert router.state("acme").ttl_ms > 1_000_000
 

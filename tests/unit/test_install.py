@@ -14,7 +14,7 @@ from support.celery_versions import needs_queue_type_setting
 from priority_router import ConfigurationError, PriorityRouter, Transport
 from priority_router.integration import rabbitmq
 from priority_router.integration.brokers import AMQP_MAX_PRIORITY
-from priority_router.router import installed_router
+from priority_router.router import engine_of, installed_router
 
 
 def router() -> PriorityRouter:
@@ -107,10 +107,11 @@ def test_metrics_are_opt_in() -> None:
         "import fakeredis, prometheus_client\n"
         "from celery import Celery\n"
         "from priority_router import PriorityRouter\n"
+        "from priority_router.router import engine_of\n"
         "app = Celery('a', broker='redis://127.0.0.1:1/0')\n"
         "router = PriorityRouter(redis_client=fakeredis.FakeRedis())\n"
         "router.install(app)\n"
-        "assert router.metrics is None\n"
+        "assert engine_of(router).metrics is None\n"
         "names = [n for n in prometheus_client.REGISTRY._names_to_collectors if 'priority_router' in n]\n"
         "assert not names, names\n"
         "from celery.signals import task_prerun, worker_ready\n"
@@ -274,7 +275,7 @@ def test_the_apps_celery_settings_configure_the_router(caplog: pytest.LogCapture
         assert app.conf.broker_url
     assert r.config.key_prefix == "dj:" and r.config.reset_interval == 900
     assert r.config.default_priority == 3, "a setting given to the constructor wins"
-    assert r.counter.reset_interval_ms == 900_000
+    assert engine_of(r).counter.reset_interval_ms == 900_000
     assert "CELERY_PRIORITY_ROUTER_RESET_INTERVALL" in caplog.text and "no such setting" in caplog.text
     assert "(did you mean CELERY_PRIORITY_ROUTER_RESET_INTERVAL?)" in caplog.text
     assert "written CELERY_PRIORITY_ROUTER_<NAME>" in caplog.text

@@ -11,6 +11,7 @@ import pytest
 import redis
 
 from priority_router import PriorityRouter
+from priority_router.router import engine_of
 from priority_router.store.owed import OwedEnds
 
 
@@ -18,10 +19,10 @@ class Stalls:
     """Wraps a router's in-flight store so that its ends fail while ``stalled``."""
 
     def __init__(self, router: PriorityRouter) -> None:
-        assert router.inflight is not None
+        assert engine_of(router).inflight is not None
         self.stalled = False
-        self._end = router.inflight.end
-        router.inflight.end = self.end  # type: ignore[method-assign]
+        self._end = engine_of(router).inflight.end
+        engine_of(router).inflight.end = self.end  # type: ignore[method-assign]
 
     def end(self, *args: object) -> bool:
         if self.stalled:
@@ -44,12 +45,12 @@ def test_ends_missed_during_a_stall_are_sent_once_the_store_answers(caplog: pyte
         router.record("heavy", f"t{n}")
     stalls = Stalls(router)
     stalls.stalled = True
-    assert [router.end_quietly("heavy", f"t{n}") for n in range(3)] == [False] * 3
+    assert [engine_of(router).end_quietly("heavy", f"t{n}") for n in range(3)] == [False] * 3
     assert "keeping documents' ends to send once it answers" in caplog.text
     stalls.stalled = False
     assert _in_flight(router, "heavy") == 5  # nothing ended yet
     time.sleep(0.1)  # past the cooldown: the next end sends the owed ones too
-    assert router.end_quietly("heavy", "t3") is True
+    assert engine_of(router).end_quietly("heavy", "t3") is True
     assert _in_flight(router, "heavy") == 1
 
 
@@ -59,7 +60,7 @@ def test_owed_ends_go_without_any_further_end() -> None:
     router.record("heavy", "t0")
     stalls = Stalls(router)
     stalls.stalled = True
-    assert router.end_quietly("heavy", "t0") is False
+    assert engine_of(router).end_quietly("heavy", "t0") is False
     stalls.stalled = False
     deadline = time.monotonic() + 5
     while _in_flight(router, "heavy") and time.monotonic() < deadline:
@@ -72,9 +73,9 @@ def test_an_end_sent_again_after_a_lost_reply_ends_nothing_more() -> None:
     router = _router()
     for n in range(3):
         router.record("heavy", f"t{n}")
-    assert router.end_quietly("heavy", "t0") is True
-    router._owed.add(("heavy", "t0", 1000))  # as if its reply had timed out
-    assert router.retry_ends_quietly() == 1
+    assert engine_of(router).end_quietly("heavy", "t0") is True
+    engine_of(router)._owed.add(("heavy", "t0", 1000))  # as if its reply had timed out
+    assert engine_of(router).retry_ends_quietly() == 1
     assert _in_flight(router, "heavy") == 2
 
 
@@ -85,19 +86,19 @@ def test_a_failed_retry_keeps_every_end_it_did_not_send() -> None:
     stalls = Stalls(router)
     stalls.stalled = True
     for n in range(4):
-        router.end_quietly("heavy", f"t{n}")
+        engine_of(router).end_quietly("heavy", f"t{n}")
     time.sleep(0.1)
-    assert router.retry_ends_quietly() == 0  # still failing: all kept
+    assert engine_of(router).retry_ends_quietly() == 0  # still failing: all kept
     # (the owed-ends thread may be holding them for its own attempt at this moment)
     deadline = time.monotonic() + 5
-    while len(router._owed) != 4 and time.monotonic() < deadline:
+    while len(engine_of(router)._owed) != 4 and time.monotonic() < deadline:
         time.sleep(0.001)
-    assert len(router._owed) == 4
+    assert len(engine_of(router)._owed) == 4
     stalls.stalled = False
     deadline = time.monotonic() + 5
     while _in_flight(router, "heavy") and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert _in_flight(router, "heavy") == 0 and len(router._owed) == 0
+    assert _in_flight(router, "heavy") == 0 and len(engine_of(router)._owed) == 0
 
 
 def test_the_queue_is_bounded_and_forgets_the_oldest() -> None:

@@ -14,6 +14,7 @@ from support.publishing import publishing_as
 from priority_router import PriorityRouter
 from priority_router import headers as H
 from priority_router.integration.publish import PublishReceiver
+from priority_router.router import engine_of
 
 
 @pytest.fixture
@@ -154,7 +155,7 @@ def test_child_of_same_client_inherits_and_is_not_counted(app: Celery, router: P
     assert same[H.REASON] == anon[H.REASON] == "inherited" and anon["client_id"] == "acme"
     assert other_props["priority"] == 1 and other[H.REASON] == "counted"
     assert router.peek("acme").pending == 0, "children are not new documents"
-    assert router.peek("beta").pending == 0 and router.counter.read("beta").ttl_ms is not None
+    assert router.peek("beta").pending == 0 and engine_of(router).counter.read("beta").ttl_ms is not None
 
 
 def test_counter_failure_fails_open_with_one_warning(app: Celery, caplog: pytest.LogCaptureFixture) -> None:
@@ -186,7 +187,7 @@ def test_explicit_priority_reaches_the_broker_and_is_still_counted(
     headers, properties = publish(receiver, app, headers={"client_id": "new"}, priority=9)
     assert properties["priority"] == 9, "the caller's priority is not overwritten"
     assert headers[H.REASON] == "explicit" and headers[H.PRIORITY] == 9
-    assert router.peek("new").pending == 0 and router.counter.read("new").ttl_ms is not None
+    assert router.peek("new").pending == 0 and engine_of(router).counter.read("new").ttl_ms is not None
     for _ in range(25):
         publish(receiver, app, headers={"client_id": "heavy"})
     _, properties = publish(receiver, app, headers={"client_id": "heavy"}, priority=0)

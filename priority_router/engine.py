@@ -1,0 +1,369 @@
+"""The router's working parts: what :class:`~priority_router.PriorityRouter` is made of.
+
+One :class:`Engine` per router, built from its configuration: the counter store's objects
+(counts, tiers, limits, the gate's state), the circuit breaker, and the calls that never
+raise, which the publish hook and the worker's signal handlers make.  The router's public
+methods are a front to it; the Celery integration (``integration/``) and the commands
+(``ops/``) use it directly: the integration finds it on an app
+(``integration.installation.installed_engine``), a command on a router
+(``router.engine_of``).  None of it is public API.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, TypeVar
+
+import redis
+
+from .batch import current_batch
+from .config import RouterConfig, celery_name
+from .decision import Decision, Reason
+from .errors import ConfigurationError, CounterUnavailable
+from .integration.metrics import RouterMetrics, get_metrics
+from .redact import redact_url
+from .store.breaker import STORE_ERRORS, CircuitBreaker
+from .store.connection import make_client
+from .store.costs import ONE, CostsInUse, InvalidCost, as_count, cost_units
+from .store.counter import Counter
+from .store.gate import GateStore
+from .store.inflight import InflightCounter
+from .store.limit_store import LimitStore
+from .store.owed import MAX_OWED, End, OwedEnds
+from .store.schema import SchemaMismatch, StoreSchema
+from .store.tier_store import TierStore
+from .tiers import decode
+
+logger = logging.getLogger("priority_router")
+
+T = TypeVar("T")
+
+
+class Engine:
+    """The stores one configuration names, and the calls on them that never raise.
+
+    ``follow`` swaps the configuration (an app's ``priority_router_*`` settings) in place,
+    so whoever holds the engine sees the new stores."""
+
+    def __init__(self, given: Mapping[str, Any], redis_client: redis.Redis | None = None) -> None:
+        #: What the user chose; an app's Celery settings fill in only the rest.
+        self._given = dict(given)
+        self._redis_client = redis_client
+        self.use(RouterConfig.from_mapping(self._given))
+
+    def use(self, config: RouterConfig) -> None:
+        self.config = config
+        redis_client = self._redis_client
+        if redis_client is None:
+            redis_client = make_client(config.redis_url, config.connect_timeout, config.socket_timeout)
+        self.redis = redis_client
+        self.counter = Counter(redis_client, config.key_prefix, config.reset_interval)
+        #: The in-flight lists (``mode="inflight"``), else None.
+        self.inflight = (
+            InflightCounter(redis_client, config.key_prefix, config.reset_interval)
+            if config.mode == "inflight"
+            else None
+        )
+        #: The store's schema marker, checked before the store is counted in or read.
+        self.schema = StoreSchema(redis_client, config.key_prefix)
+        #: Per-client tiers and the default tier (``tiers.py``).
+        self.tier_store = TierStore(redis_client, config.key_prefix)
+        #: Per-client caps and rates (``limits.py``), which workers' gates enforce.
+        self.limit_store = LimitStore(redis_client, config.key_prefix)
+        #: The gate's per-client state: running, held (``store/gate.py``).
+        self.gate_store = GateStore(redis_client, config.key_prefix, config.lease)
+        #: What was said once, by kind: the clients and tasks already warned about.
+        self._said: dict[str, set[object]] = {}
+        #: Whether any costed document has been counted under the prefix (``store/costs.py``).
+        self.costs_in_use = CostsInUse(redis_client, config.key_prefix)
+        #: The store the mode counts in: what ``peek``, ``state`` and the CLI read.
+        self.store: Counter | InflightCounter = self.inflight or self.counter
+        self.policy = config.thresholds
+        self.metrics = _metrics_for(config)
+        self._breaker = CircuitBreaker(
+            config.cooldown,
+            f"the priority counter at {redact_url(config.redis_url)}",
+            # A lambda: a cluster client is built (and connects) at its first use, not here.
+            probe=lambda: redis_client.ping(),
+        )
+        #: ``mode="inflight"``: ends that could not be sent while the store failed.
+        self._owed: OwedEnds[End] = OwedEnds()
+
+    def follow(self, celery_settings: Mapping[str, Any], source: Callable[[str], str] = celery_name) -> bool:
+        """Adopt an app's ``priority_router_*`` settings under the ones given to the router;
+        True when the configuration changed.  A bad one raises :class:`ConfigurationError`
+        naming it by ``source(name)``, the key the app's configuration has it under."""
+        try:
+            config = RouterConfig.from_mapping({**celery_settings, **self._given}, source)
+        except ConfigurationError as exc:
+            if exc.setting in celery_settings and exc.setting not in self._given:
+                raise ConfigurationError(source(exc.setting), exc.problem, exc.fix) from None
+            raise
+        if config == self.config:
+            return False
+        self.use(config)
+        return True
+
+    # -- counting -----------------------------------------------------------------------
+
+    def decide(self, client_id: str, task_id: str | None = None, cost: object = None) -> Decision:
+        """A publish's decision; never raises (``PriorityRouter.decide``)."""
+        batch = current_batch.get()
+        if batch is not None:
+            reserved = batch.take(client_id)
+            if reserved is not None:
+                return reserved
+        if self.inflight is not None and not (isinstance(task_id, str) and task_id):
+            return self.fail_open(client_id)  # nothing to end it by (Celery always gives an id)
+        if not self._breaker.allow("publish"):
+            return self.fail_open(client_id)
+        units = self.units_quietly(cost, client_id)
+        metrics = self.metrics
+        started = time.perf_counter() if metrics is not None else 0.0
+
+        def count() -> tuple[bool, int | float, Any]:
+            tiered = self.tiered()
+            return (tiered, *self.count(client_id, task_id, tiered, units))
+
+        counted = self._quietly(count, "publish")
+        if counted is None:
+            return self.fail_open(client_id)
+        if metrics is not None:
+            metrics.counter_seconds.observe(time.perf_counter() - started)
+        tiered, pending, stored = counted
+        return self.decision(client_id, pending, stored, tiered, units)
+
+    def decide_many(self, client_id: str, n: int, cost: object = None) -> list[Decision]:
+        """``n`` decisions in one round trip; never raises (``PriorityRouter.decide_many``)."""
+        fail_open = [self.fail_open(client_id)] * n
+        if n == 0 or not self._breaker.allow("publish"):
+            return fail_open
+        units = self.units_quietly(cost, client_id)
+
+        def count() -> tuple[bool, list[int | float], Any]:
+            tiered = self.tiered()
+            return (tiered, *self.counter.count(client_id, n, units, tiered, self.costs(units)))
+
+        counted = self._quietly(count, "publish")
+        if counted is None:
+            return fail_open
+        tiered, pendings, stored = counted
+        return [self.decision(client_id, p, stored, tiered, units) for p in pendings]
+
+    def count(
+        self, client: str, task_id: str | None, tiered: bool, units: int = ONE
+    ) -> tuple[int | float, Any]:
+        """One counted document in the mode's store: the pending count it is checked at, and
+        the client's stored tier when ``tiered`` (read in the same transaction), else None."""
+        costs = self.costs(units)
+        if self.inflight is not None:
+            assert task_id is not None
+            return self.inflight.count(client, task_id, units, tiered, costs)
+        pendings, stored = self.counter.count(client, 1, units, tiered, costs)
+        return pendings[0], stored
+
+    def costs(self, units: int) -> bool:
+        """Whether this check reads the client's extras (``store/costs.py``): once any costed
+        document has been counted under the prefix; a costed one marks that first."""
+        if units != ONE:
+            self.costs_in_use.mark()
+            return True
+        return self.costs_in_use()
+
+    def tiered(self) -> bool:
+        """Whether checks read tiers: on unless ``tiers=False``, once any tier is stored
+        (``store/tier_store.py``); may read the store, at most every few seconds."""
+        return self.config.tiers and self.tier_store.in_use()
+
+    def decision(
+        self, client_id: str, pending: int | float, stored: object, tiered: bool, units: int = ONE
+    ) -> Decision:
+        """The decision for a counted document, with the tier its check read, else the
+        default tier, adjusting the table's priority.  A fractional count is truncated
+        toward 0 for the table: a partial unit does not count."""
+        cost = as_count(units)
+        if not tiered:
+            return Decision(client_id, pending, self.policy.priority_for(int(pending)), cost=cost)
+        if stored is None:
+            tier = self.tier_store.default()
+            if tier is None:
+                return Decision(client_id, pending, self.policy.priority_for(int(pending)), cost=cost)
+            source = "default"
+        else:
+            try:
+                tier = decode(stored if isinstance(stored, bytes | str) else str(stored))
+            except ConfigurationError as exc:
+                self._warn_bad_tier(client_id, exc)
+                return Decision(client_id, pending, self.policy.priority_for(int(pending)), cost=cost)
+            source = "client"
+        priority = tier.priority(pending, self.policy)
+        return Decision(client_id, pending, priority, tier=tier.applied_as(source), cost=cost)
+
+    def fail_open(self, client_id: str) -> Decision:
+        return Decision(client_id, None, self.config.default_priority, Reason.FAIL_OPEN)
+
+    def units_quietly(self, cost: object, client_id: object) -> int:
+        """A document's cost in units from its header's value: 1 when it gives none
+        (``None``) or a bad one, which is logged once per client (never raises)."""
+        if cost is None:
+            return ONE
+        try:
+            return cost_units(cost)
+        except InvalidCost as exc:
+            if self._first_time("cost", client_id):
+                logger.error(
+                    "priority-router: a document of client %r: %s; it is counted as 1", client_id, exc
+                )
+            return ONE
+
+    # -- ends (mode="inflight") ---------------------------------------------------------
+
+    def end_quietly(self, client_id: str, task_id: str, cost: object = None) -> bool:
+        """Like ``PriorityRouter.end`` for a worker's signal handlers: never raises.  When the
+        store fails, the end is kept and sent again every ``cooldown`` until the store
+        answers (only a background probe asks it meanwhile); a cost that cannot be one
+        (``None``: none given) is not checked, as the end finds the document by its task id."""
+        if self.inflight is None:
+            return False
+        units: int | None = None
+        if cost is not None:
+            with contextlib.suppress(InvalidCost):  # its publish said so, and counted it as 1
+                units = cost_units(cost)
+        end = (client_id, task_id, units)
+        ended = self._send_end(end) if self._breaker.allow("ends") else None
+        if ended is None:
+            self._owe(end)
+            return False
+        if self._owed:
+            self.retry_ends_quietly()
+        return ended
+
+    def retry_ends_quietly(self, batch: int = 500) -> int:
+        """Send again up to ``batch`` of the ends this process could not send while the
+        store failed (oldest first); how many went.  Never raises."""
+        if not self._owed or not self._breaker.allow("ends"):
+            return 0
+        ends = self._owed.take(batch)
+        for sent, end in enumerate(ends):
+            if self._send_end(end) is None:
+                self._owed.give_back(ends[sent:])
+                return sent
+        return len(ends)
+
+    @property
+    def owed_ends(self) -> int:
+        """How many ends wait to be sent again."""
+        return len(self._owed)
+
+    def _send_end(self, end: tuple[str, str, int | None]) -> bool | None:
+        """One end on the store: whether it ended the document, None when the store failed."""
+        inflight = self.inflight
+        assert inflight is not None
+        client_id, task_id, units = end
+        sent = self._quietly(lambda: [inflight.end(client_id, task_id, units, self.costs_in_use())], "ends")
+        if sent is None:
+            return None
+        (counted,) = sent
+        disagrees = units is not None and counted is not None and counted != units
+        if disagrees and self._first_time("end-cost", client_id):
+            assert units is not None and counted is not None  # for mypy: disagrees says so
+            log_end_cost(task_id, client_id, counted, units, " (said once per client)")
+        return counted is not None
+
+    def _owe(self, end: tuple[str, str, int | None]) -> None:
+        if not self._owed.add(end):
+            self.warn_once(
+                "owed-ends",
+                "priority-router: more than %d documents' ends could not reach the counter store; the "
+                "oldest are forgotten (their clients' counts come back at the idle reset)",
+                MAX_OWED,
+            )
+        self._owed.retry_every(self.config.cooldown, self.retry_ends_quietly)
+
+    # -- saying things once, and the store's errors ---------------------------------------
+
+    def warn_once(self, key: str, message: str, *args: object) -> None:
+        """Log ``message`` as an ERROR the first time ``key`` is given."""
+        if self._first_time("warning", key):
+            logger.error(message, *args)
+
+    def _first_time(self, kind: str, key: object) -> bool:
+        """Whether ``key`` is new among those said of ``kind`` (at most 1000 kept per kind)."""
+        said = self._said.setdefault(kind, set())
+        if key in said or len(said) >= 1000:
+            return False
+        said.add(key)
+        return True
+
+    def _warn_bad_tier(self, client_id: str, exc: ConfigurationError) -> None:
+        if not self._first_time("tier", client_id):
+            return
+        logger.error(
+            "priority-router: the tier of client %r at %s is unreadable (%s); its documents "
+            "get the threshold table's priority. Fix: %s",
+            client_id,
+            self.tier_store.key(client_id),
+            exc.problem,
+            exc.fix,
+        )
+
+    def _quietly(self, use: Callable[[], T], purpose: str) -> T | None:
+        """``use()`` on the store for ``purpose`` (``store/breaker.py``), for the calls that
+        never raise: None when the store is another release's, or fails (the breaker then
+        opens), or on a bug (logged once with its traceback; the breaker stays as it is)."""
+        try:
+            self.schema.check()
+            result = use()
+        except SchemaMismatch:
+            return None
+        except STORE_ERRORS as exc:
+            self._breaker.failure(exc, purpose)
+            return None
+        except Exception as exc:
+            if self._first_time("bug", (purpose, type(exc))):
+                logger.exception("priority-router: unexpected error using the counter store (%s)", purpose)
+            return None
+        self._breaker.success()
+        return result
+
+    @contextlib.contextmanager
+    def explicit(self, what: str, client: str, reads_only: bool = False) -> Iterator[None]:
+        """An explicit call's use of the store: refused when the store is another
+        release's (:class:`SchemaMismatch`), Redis failures as :class:`CounterUnavailable`.
+        A call that ``reads_only`` does not mark an unmarked store as this release's."""
+        try:
+            self.schema.check(claim=not reads_only)
+            yield
+        except STORE_ERRORS as exc:
+            raise CounterUnavailable(f"could not {what} {client!r}: {exc}") from exc
+
+
+def log_end_cost(task_id: str, client: str, counted: int, given: int, said: str = "") -> None:
+    """A document ended with another cost than it was counted with."""
+    logger.warning(
+        "priority-router: document %r of client %r was counted at cost %s, and its end gave cost %s: "
+        "it is ended at cost %s, as counted. Give the end the cost the document was published "
+        "with, or none%s",
+        task_id,
+        client,
+        as_count(counted),
+        as_count(given),
+        as_count(counted),
+        said,
+    )
+
+
+def _metrics_for(config: RouterConfig) -> RouterMetrics | None:
+    if not config.metrics and config.metrics_port is None:
+        return None
+    metrics = get_metrics()
+    if metrics is None:
+        raise ConfigurationError(
+            "metrics" if config.metrics else "metrics_port",
+            "prometheus_client is not installed",
+            "pip install 'priority-router[metrics]', or leave metrics off",
+        )
+    return metrics
