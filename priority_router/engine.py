@@ -91,6 +91,8 @@ class Engine:
         )
         #: ``mode="inflight"``: ends that could not be sent while the store failed.
         self._owed: OwedEnds[End] = OwedEnds()
+        #: In another mode, the in-flight lists of documents counted in the inflight mode.
+        self._ends_only: InflightCounter | None = None
 
     def follow(self, celery_settings: Mapping[str, Any], source: Callable[[str], str] = celery_name) -> bool:
         """Adopt an app's ``priority_router_*`` settings under the ones given to the router;
@@ -222,12 +224,20 @@ class Engine:
     # -- ends (mode="inflight") ---------------------------------------------------------
 
     def end_quietly(self, client_id: str, task_id: str, cost: object = None) -> bool:
-        """Like ``PriorityRouter.end`` for a worker's signal handlers: never raises.  When the
+        """Like ``PriorityRouter.end`` for a worker's signal handlers, for a document counted
+        in the inflight mode (whatever this process's own mode): never raises.  When the
         store fails, the end is kept and sent again every ``cooldown`` until the store
         answers (only a background probe asks it meanwhile); a cost that cannot be one
         (``None``: none given) is not checked, as the end finds the document by its task id."""
-        if self.inflight is None:
-            return False
+        if self.inflight is None and self._first_time("mode", "ends"):
+            logger.warning(
+                "priority-router: this process runs mode=%r and received documents its publishers "
+                "counted in mode='inflight'; it ends them as they ask, in the inflight lists under "
+                "key prefix %r. Fix: give it mode='inflight' too (PRIORITY_ROUTER_MODE=inflight), "
+                "so that its configuration says what it does",
+                self.config.mode,
+                self.config.key_prefix,
+            )
         units: int | None = None
         if cost is not None:
             with contextlib.suppress(InvalidCost):  # its publish said so, and counted it as 1
@@ -260,8 +270,7 @@ class Engine:
 
     def _send_end(self, end: tuple[str, str, int | None]) -> bool | None:
         """One end on the store: whether it ended the document, None when the store failed."""
-        inflight = self.inflight
-        assert inflight is not None
+        inflight = self._ender()
         client_id, task_id, units = end
         sent = self._quietly(lambda: [inflight.end(client_id, task_id, units, self.costs_in_use())], "ends")
         if sent is None:
@@ -272,6 +281,16 @@ class Engine:
             assert units is not None and counted is not None  # for mypy: disagrees says so
             log_end_cost(task_id, client_id, counted, units, " (said once per client)")
         return counted is not None
+
+    def _ender(self) -> InflightCounter:
+        """The in-flight lists documents are ended in: the mode's, else (a seed-mode worker
+        given documents counted in the inflight mode) one built for ends only."""
+        if self.inflight is not None:
+            return self.inflight
+        if self._ends_only is None:
+            config = self.config
+            self._ends_only = InflightCounter(self.redis, config.key_prefix, config.reset_interval)
+        return self._ends_only
 
     def _owe(self, end: tuple[str, str, int | None]) -> None:
         if not self._owed.add(end):

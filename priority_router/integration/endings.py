@@ -72,13 +72,14 @@ def end_document(
 ) -> bool:
     """End one document given its request (attributes) or headers (a mapping): free its
     slot if the gate admitted it (``gate.py``; with ``unadmitted``, also a released one the
-    worker never admitted, as a revoked one), and in ``mode="inflight"`` take it off its
-    client's list; True when this call ended it there.  Never raises."""
+    worker never admitted, as a revoked one), and if its publisher counted it in
+    ``mode="inflight"`` take it off its client's list, whatever this worker's own mode (a
+    mode switch rolls out in any order); True when this call ended it there.  Never raises."""
     if not isinstance(task_id, str) or not task_id:
         return False
     if app is not None and (unadmitted or _field(fields, H.GATED)):
         end_gated(app, router, _Fields(fields), task_id, unadmitted)
-    if router.inflight is None or not _field(fields, H.INFLIGHT):
+    if not _field(fields, H.INFLIGHT):
         return False
     client = normalize_client_id(_field(fields, router.config.client_id_header))
     if client is None:

@@ -97,6 +97,26 @@ def test_a_clients_documents_start_in_the_order_it_published_them_as_its_count_f
     assert all(p <= done[79]["pending"] for p in newer), "checked behind the newest in flight"
 
 
+def test_a_seed_mode_worker_ends_what_inflight_publishers_counted_and_says_so_once(
+    producer: Callable[[], Celery], worker_env: dict[str, str]
+) -> None:
+    """A switch to the inflight mode rolled out to the publishers before the workers (or a
+    worker left behind): the worker ends every document they counted, so no count sticks
+    until the idle reset, and says once that its own mode is not the one in use."""
+    env = _env(worker_env)
+    app = _app(producer, env)
+    router = _router(env)
+    results = [app.send_task(HOLD, (0.02,), headers={"client_id": "switching"}) for _ in range(20)]
+    assert _wait_in_flight(router, "switching", 20, timeout=5) == 20
+    with running_worker({**env, "PRIORITY_ROUTER_MODE": "seed"}, "--pool", "threads", "-c", "2") as worker:
+        for r in results:
+            r.get(timeout=90)
+        assert _wait_in_flight(router, "switching", 0) == 0
+        said = worker.output()
+    assert said.count("received documents its publishers counted in mode='inflight'") == 1, said
+    assert "PRIORITY_ROUTER_MODE=inflight" in said
+
+
 @pytest.fixture
 def own_counter_store() -> Iterator[str]:
     """A throwaway redis-server for the counter store alone, so that stalling it stalls
