@@ -439,6 +439,6 @@ def _tasks(value: object) -> tuple[str, ...] | None:
 
 
 def _check_redis_url(url: object) -> str:
-    from .store.connection import check_url
+    from .redis_urls import check_url
 
     return check_url(url)

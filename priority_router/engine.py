@@ -23,7 +23,7 @@ from .batch import current_batch
 from .config import RouterConfig, celery_name
 from .decision import Decision, Reason
 from .errors import ConfigurationError, CounterUnavailable
-from .integration.metrics import RouterMetrics, get_metrics
+from .metrics import RouterMetrics, get_metrics
 from .redact import redact_url
 from .store.breaker import STORE_ERRORS, CircuitBreaker
 from .store.connection import make_client

@@ -17,7 +17,7 @@ from .errors import ConfigurationError
 from .integration.install import configure_apps
 from .integration.install import install as install_router
 from .integration.install import uninstall as uninstall_router
-from .integration.installation import installed_router as installed_router
+from .integration.installation import installation_of
 from .integration.publish import PublishReceiver
 from .limits import NONE, Limits
 from .redact import redact_url
@@ -374,6 +374,15 @@ class PriorityRouter:
         """Undo :meth:`install`: ``app`` publishes as plain Celery does (the settings
         already merged into its configuration stay)."""
         uninstall_router(self._engine, app)
+
+
+def installed_router(app: object) -> PriorityRouter | None:
+    """The router installed on ``app``, if any."""
+    installation = installation_of(app)
+    if installation is None:
+        return None
+    assert isinstance(installation.router, PriorityRouter)
+    return installation.router
 
 
 def engine_of(router: PriorityRouter) -> Engine:

@@ -54,7 +54,6 @@ from .worker import unwatch, watch_queue_wait
 
 if TYPE_CHECKING:
     from ..engine import Engine
-    from ..router import PriorityRouter
 
 logger = logging.getLogger("priority_router")
 
@@ -74,7 +73,9 @@ _apps: weakref.WeakSet[Celery] = weakref.WeakSet()
 _lock = threading.RLock()
 
 
-def install(router: PriorityRouter, engine: Engine, app: Celery) -> PublishReceiver:
+def install(router: object, engine: Engine, app: Celery) -> PublishReceiver:
+    """Install ``router`` (a ``PriorityRouter``, kept for ``installed_router``), made of
+    ``engine``, on ``app``."""
     with _lock:
         existing = installation_of(app)
         if existing is not None:

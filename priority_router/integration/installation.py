@@ -1,9 +1,10 @@
 """The record ``install`` keeps on each app, and the one way to find an app's router.
 
 ``install.py`` writes the record; the worker-side modules (``endings.py``, ``gate.py``)
-find the router's working parts (``engine.py``) through :func:`installed_engine`, the CLI
-the router itself through :func:`installed_router`.  This module imports
-nothing of the package at run time, so every module can use it without a cycle.
+find the router's working parts (``engine.py``) through :func:`installed_engine`; the
+router itself, which the integration never uses, is found by ``router.installed_router``.
+This module imports nothing of the package at run time, so every module can use it
+without a cycle.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ..engine import Engine
     from ..errors import ConfigurationError
-    from ..router import PriorityRouter
     from .gate import GateThread
     from .pools import WorkerPool
     from .publish import PublishReceiver
@@ -25,8 +25,10 @@ if TYPE_CHECKING:
 class Installation:
     """What ``install`` set up on one app, so that ``uninstall`` can take it all down."""
 
-    #: The router the user installed, and its working parts, which the integration uses.
-    router: PriorityRouter
+    #: The router the user installed (a ``PriorityRouter``: the layer above, which only
+    #: hands it back, ``router.installed_router``), and its working parts, which the
+    #: integration uses.
+    router: object
     engine: Engine
     receiver: PublishReceiver
     #: Warnings already given for this app (each is said once).
@@ -56,12 +58,6 @@ def installation_of(app: object) -> Installation | None:
     namespace = getattr(app, "__dict__", None)  # None for None, or an object without one
     installation: Installation | None = namespace.get(ATTRIBUTE) if namespace is not None else None
     return installation
-
-
-def installed_router(app: object) -> PriorityRouter | None:
-    """The router installed on ``app``, if any."""
-    installation = installation_of(app)
-    return installation.router if installation is not None else None
 
 
 def installed_engine(app: object) -> Engine | None:

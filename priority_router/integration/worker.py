@@ -10,7 +10,7 @@ from typing import Any
 from celery import Celery
 from celery.signals import task_prerun, worker_ready
 
-from .metrics import RouterMetrics, serve
+from ..metrics import RouterMetrics, serve
 
 logger = logging.getLogger("priority_router")
 

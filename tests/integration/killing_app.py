@@ -20,7 +20,7 @@ from typing import Any
 import redis
 
 from priority_router.integration import holding
-from priority_router.integration.installation import installed_router
+from priority_router.router import installed_router
 from priority_router.store import gate as store_gate
 from workers.app import app
 

@@ -11,7 +11,7 @@ from celery import Celery
 from prometheus_client.parser import text_string_to_metric_families
 from support.services import close_app, free_port, running_worker
 
-from priority_router.integration.metrics import serve
+from priority_router.metrics import serve
 from workers.app import create_app
 
 

@@ -1,5 +1,6 @@
-"""The package's shape: no import cycle between its modules, and no module imports
-another's private name (read from the source, so they fail before anything runs)."""
+"""The package's shape (docs/architecture.md): its layers, no import going up a layer, no
+import cycle between its modules, and no module importing another's private name (read
+from the source, so they fail before anything runs)."""
 
 from __future__ import annotations
 
@@ -22,23 +23,25 @@ def _modules() -> dict[str, Path]:
 MODULES = _modules()
 
 
-def _runtime_imports(node: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
-    """Imports that run when the module is imported (not those under ``if TYPE_CHECKING:``)."""
+def _runtime_imports(node: ast.AST, typing: bool = False) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Imports that run when the module is imported, anywhere in it (also in functions);
+    with ``typing``, those under ``if TYPE_CHECKING:`` too."""
     for child in ast.iter_child_nodes(node):
         if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
-            for other in child.orelse:
-                yield from _runtime_imports(other)
+            for other in (child.body if typing else []) + child.orelse:
+                yield from _runtime_imports(other, typing)
         elif isinstance(child, ast.Import | ast.ImportFrom):
             yield child
         elif isinstance(child, ast.stmt):
-            yield from _runtime_imports(child)
+            yield from _runtime_imports(child, typing)
 
 
-def _imports(module: str) -> Iterator[tuple[str, list[str]]]:
-    """(imported module, names taken from it) for each runtime import of the package's own."""
+def _imports(module: str, typing: bool = False) -> Iterator[tuple[str, list[str]]]:
+    """(imported module, names taken from it) for each runtime import of the package's own
+    (with ``typing``, the type-only ones too)."""
     path = MODULES[module]
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    for node in _runtime_imports(ast.parse(path.read_text())):
+    for node in _runtime_imports(ast.parse(path.read_text()), typing):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name in MODULES:
@@ -88,3 +91,51 @@ def test_no_module_imports_another_modules_private_name() -> None:
         if name.startswith("_") and not name.startswith("__")
     ]
     assert private == []
+
+
+#: The layers, bottom up (docs/architecture.md, "Layers"): a module imports only modules of
+#: its own layer or below, at run time and for types alike.
+LAYERS = {
+    "values": {
+        "batch",
+        "config",
+        "decision",
+        "errors",
+        "forks",
+        "headers",
+        "limits",
+        "metrics",
+        "policy",
+        "redact",
+        "redis_urls",
+        "thresholds",
+        "tiers",
+    },
+    "store": {"store"},
+    "engine": {"engine"},
+    "integration": {"integration"},
+    "router": {"router", ""},
+    "operators": {"ops", "simulation", "demo", "__main__"},
+}
+ORDER = list(LAYERS)
+
+
+def layer_of(module: str) -> int:
+    part = module.split(".")[1] if "." in module else ""
+    (found,) = [n for n, (_, parts) in enumerate(LAYERS.items()) if part in parts]
+    return found
+
+
+def test_every_module_is_in_a_layer() -> None:
+    for module in MODULES:
+        layer_of(module)
+
+
+def test_no_import_goes_up_a_layer() -> None:
+    upward = [
+        f"{module} ({ORDER[layer_of(module)]}) imports {target} ({ORDER[layer_of(target)]})"
+        for module in sorted(MODULES)
+        for target, _ in _imports(module, typing=True)
+        if layer_of(target) > layer_of(module)
+    ]
+    assert upward == []

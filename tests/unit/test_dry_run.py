@@ -19,7 +19,7 @@ from priority_router import ConfigurationError, PriorityRouter, RouterConfig
 from priority_router import headers as H
 from priority_router.integration.consumers import ConsumerWatch
 from priority_router.integration.install import _demotes_to_fifo
-from priority_router.integration.metrics import get_metrics
+from priority_router.metrics import get_metrics
 
 REDIS_BROKER = "redis://127.0.0.1:1/0"
 AMQP_BROKER = "amqp://guest:guest@127.0.0.1:1//"

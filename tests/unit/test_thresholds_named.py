@@ -145,7 +145,7 @@ def test_clients_sharing_the_last_row() -> None:
 
 
 def test_the_metric_counts_documents_past_the_last_row() -> None:
-    from priority_router.integration.metrics import get_metrics
+    from priority_router.metrics import get_metrics
 
     metrics = get_metrics()
     assert metrics is not None

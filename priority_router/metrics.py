@@ -30,8 +30,8 @@ import threading
 import time
 from typing import Any
 
-from .. import headers as H
-from ..decision import Decision, Reason
+from . import headers as H
+from .decision import Decision, Reason
 
 logger = logging.getLogger("priority_router")
 
@@ -133,7 +133,7 @@ def serve(port: int, addr: str = "0.0.0.0") -> int:
     writing to that directory (prefork children included).
     """
     if prometheus_client is None:
-        from ..errors import ConfigurationError
+        from .errors import ConfigurationError
 
         raise ConfigurationError(
             "metrics_port",
