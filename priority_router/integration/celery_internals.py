@@ -9,7 +9,13 @@ documents these as public, so each has a test that fails when a release changes 
 - Celery's settings chain (``conf.maps``, ``conf._to_keys``): whether the user set a key;
 - kombu's Redis priority lists (``Channel._q_for_pri``): the key of a queue's list for a step;
 - a worker's own state (``celery.worker.state.reserved_requests``, ``task_ready``) and a
-  request's message (``Request.message``, ``Request.acknowledged``), which the gate uses.
+  request's message (``Request.message``, ``Request.acknowledged``), which the gate uses;
+- a request's headers as one mutable mapping (``Request.request_dict``), which the ends and
+  the gate read and the gate marks;
+- the consumer's hand-off of each request to the pool (``Consumer.on_task_request``), which
+  the gate wraps;
+- the worker's prefetch multiplier (``WorkController.prefetch_multiplier``), which the
+  consumer is built from after ``worker_init``.
 """
 
 from __future__ import annotations
@@ -95,3 +101,25 @@ def pool_size(consumer: Any) -> int | None:
         if isinstance(value, int) and value > 0:
             return value
     return None
+
+
+def request_headers(request: Any) -> dict[str, Any] | None:
+    """``request``'s headers (and message properties) as the mapping the task will see:
+    a mark written into it reaches the task's end.  None for an object without one."""
+    headers = getattr(request, "request_dict", None)
+    return headers if isinstance(headers, dict) else None
+
+
+def wrap_task_requests(consumer: Any, wrap: Callable[[Callable[[Any], Any]], Callable[[Any], Any]]) -> None:
+    """Have ``consumer`` hand each request to ``wrap(its own hand-off)`` instead: the wrapper
+    may run the request (calling the hand-off) or keep it from the pool (returning None)."""
+    consumer.on_task_request = wrap(consumer.on_task_request)
+
+
+def set_prefetch_multiplier(worker: Any, multiplier: int) -> bool:
+    """Give a starting worker (a ``WorkController`` at ``worker_init``) ``multiplier``
+    before it builds its consumer; False when it already had it."""
+    if getattr(worker, "prefetch_multiplier", multiplier) == multiplier:
+        return False
+    worker.prefetch_multiplier = multiplier
+    return True

@@ -40,6 +40,7 @@ from celery.signals import task_failure, task_postrun, task_received, task_revok
 from .. import headers as H
 from ..decision import Reason
 from ..store.client_ids import normalize_client_id
+from . import celery_internals
 from .gate import end_gated
 from .installation import installed_engine
 
@@ -165,14 +166,14 @@ def _on_failure(sender: Any = None, task_id: Any = None, exception: Any = None, 
     request = getattr(sender, "request", None)
     if getattr(request, "id", None) != task_id:  # Celery before 5.7: not this document's
         received = _received.get(task_id) if isinstance(task_id, str) else None
-        request = getattr(received, "request_dict", None)
+        request = celery_internals.request_headers(received)
     if request is not None:
         end_document(router, request, task_id, app)
 
 
 def _on_received(sender: Any = None, request: Any = None, **_: Any) -> None:
-    headers = getattr(request, "request_dict", None)
-    if isinstance(headers, Mapping) and isinstance(request.id, str):
+    headers = celery_internals.request_headers(request)
+    if headers is not None and isinstance(request.id, str):
         _received[request.id] = request
 
 

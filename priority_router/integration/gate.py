@@ -250,16 +250,18 @@ class GateStep(bootsteps.Step):  # type: ignore[misc]  # Celery is untyped
         super().__init__(parent, **kwargs)
         if _gating_router(parent.app) is None:
             return
-        handle = parent.on_task_request
         app = parent.app
 
-        def on_task_request(request: Any) -> Any:
-            router = _gating_router(app)
-            if router is None or not admit(app, router, request):
-                return None
-            return handle(request)
+        def gated(handle: Callable[[Any], Any]) -> Callable[[Any], Any]:
+            def on_task_request(request: Any) -> Any:
+                router = _gating_router(app)
+                if router is None or not admit(app, router, request):
+                    return None
+                return handle(request)
 
-        parent.on_task_request = on_task_request
+            return on_task_request
+
+        celery_internals.wrap_task_requests(parent, gated)
 
 
 def client_of(router: Engine, fields: Any) -> str | None:
@@ -270,7 +272,9 @@ def client_of(router: Engine, fields: Any) -> str | None:
 def admit(app: Celery, router: Engine, request: Any) -> bool:
     """Whether ``request`` may start now; a held one is moved to its client's holding queue
     here and acknowledged."""
-    headers = request.request_dict
+    headers = celery_internals.request_headers(request)
+    if headers is None:
+        return True
     client = client_of(router, headers)
     if client is None:
         return True
@@ -457,7 +461,7 @@ def gated_requests(router: Engine) -> dict[str, list[str]]:
     """The gated documents this worker holds, by client (for their leases)."""
     running: dict[str, list[str]] = defaultdict(list)
     for request in celery_internals.held_requests():
-        headers = getattr(request, "request_dict", None) or {}
+        headers = celery_internals.request_headers(request) or {}
         if headers.get(H.GATED):
             client = client_of(router, headers)
             if client is not None:

@@ -37,6 +37,7 @@ from ..config import celery_key, celery_values, unknown_celery_settings, written
 from ..errors import ConfigurationError
 from ..redact import redact_url
 from ..thresholds import table_name
+from . import celery_internals
 from .brokers import Transport, from_wire, transport_of
 from .celery_settings import Change, apply_changes, describe, first_time, wanted_changes, warn_kept
 from .consumers import check_at_start
@@ -307,11 +308,9 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
     transport = _settle_worker(app, installation)
     if installation.engine.config.dry_run:
         return
-    wanted = app.conf.worker_prefetch_multiplier
-    if getattr(sender, "prefetch_multiplier", wanted) != wanted:
-        # The worker read its settings before this point (workers started from code
-        # send no celeryd_init); the consumer is built from this attribute later.
-        sender.prefetch_multiplier = int(wanted)
+    # The worker read its settings before this point (workers started from code send no
+    # celeryd_init); the consumer is built from this attribute later.
+    celery_internals.set_prefetch_multiplier(sender, int(app.conf.worker_prefetch_multiplier))
     if transport is Transport.AMQP:
         check_worker_queues(app)
 
@@ -402,7 +401,7 @@ def _on_task_received(sender: Any = None, request: Any = None, **_: Any) -> None
     installation = found[1] if found is not None else None
     if installation is None or installation.warned.issuperset(_RECEIVED_WARNINGS):
         return
-    headers = getattr(request, "request_dict", None) or {}
+    headers = celery_internals.request_headers(request) or {}
     if H.REASON not in headers:
         if first_time(installation.warned, "unpriced"):
             _warn_unpriced(request, installation.engine.config.dry_run, installation.receiver.transport)

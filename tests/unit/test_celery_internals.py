@@ -3,8 +3,10 @@ the installed versions: each test fails when a release changes what the router r
 
 from __future__ import annotations
 
+import inspect
 import subprocess
 import sys
+from collections.abc import Callable
 from unittest import mock
 
 import pytest
@@ -141,3 +143,49 @@ print(seen, pool_size(SimpleNamespace(pool=None)))
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[0] == "[1, 3, 2] None"
+
+
+def test_request_headers_is_the_mapping_the_task_sees_and_takes_a_mark(app: Celery) -> None:
+    request = _request(app)
+    headers = internals.request_headers(request)
+    assert headers is not None and headers["client_id"] == "acme"
+    headers["priority_router_gated"] = True
+    assert internals.request_headers(request)["priority_router_gated"] is True  # type: ignore[index]
+    assert internals.request_headers(object()) is None
+
+
+def test_a_consumers_hand_off_to_the_pool_can_be_wrapped_before_its_strategies_are_built(
+    app: Celery,
+) -> None:
+    from celery.worker import strategy
+    from celery.worker.consumer import Consumer
+
+    pooled: list[object] = []
+    consumer = Consumer(
+        pooled.append, app=app, hostname="h", pool=mock.Mock(), timer=mock.Mock(), controller=mock.Mock()
+    )
+    kept: list[object] = []
+
+    def keep_the_first(handle: Callable[[object], object]) -> Callable[[object], object]:
+        return lambda request: kept.append(request) if len(kept) < 1 else handle(request)
+
+    internals.wrap_task_requests(consumer, keep_the_first)
+    # What a worker's strategies call (celery.worker.strategy.default reads it once, at start).
+    handle = consumer.on_task_request
+    handle("first")
+    handle("second")
+    assert kept == ["first"] and pooled == ["second"]
+    assert "consumer.on_task_request" in inspect.getsource(strategy.default)
+
+
+def test_a_workers_prefetch_multiplier_is_read_from_its_attribute_when_its_consumer_is_built(
+    app: Celery,
+) -> None:
+    from celery.worker import components
+    from celery.worker.worker import WorkController
+
+    assert "prefetch_multiplier" in inspect.getsource(WorkController.setup_defaults)
+    assert "w.prefetch_multiplier" in inspect.getsource(components.Consumer.create)
+    worker = mock.Mock(prefetch_multiplier=4)
+    assert internals.set_prefetch_multiplier(worker, 1) and worker.prefetch_multiplier == 1
+    assert not internals.set_prefetch_multiplier(worker, 1)
