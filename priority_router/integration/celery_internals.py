@@ -7,7 +7,8 @@ documents these as public, so each has a test that fails when a release changes 
 - Celery's lazily built task sender (``app.amqp._create_task_sender`` and the cached
   ``send_task_message``), which the router wraps (``sender.py``);
 - Celery's settings chain (``conf.maps``, ``conf._to_keys``): whether the user set a key;
-- kombu's Redis priority lists (``Channel._q_for_pri``): the key of a queue's list for a step;
+- kombu's Redis priority lists (``Channel._q_for_pri``, ``Channel.sep``): the key of a queue's list
+  for a step, as the channel maps it or for every step;
 - a worker's own state (``celery.worker.state.reserved_requests``, ``task_ready``) and a
   request's message (``Request.message``, ``Request.acknowledged``), which the gate uses;
 - a request's headers as one mutable mapping (``Request.request_dict``), which the ends and
@@ -56,6 +57,13 @@ def set_by_user(conf: Any, key: str) -> bool:
     to_keys = getattr(conf, "_to_keys", None)
     names = tuple(to_keys(key)) if callable(to_keys) else (key,)
     return any(name in m for m in maps[:-1] for name in names)
+
+
+def step_list(channel: Any, queue: str, step: int) -> str:
+    """The Redis key (without ``global_keyprefix``) of ``queue``'s list for ``step``, as a
+    channel whose ``priority_steps`` include it names it, whatever this channel's steps (a
+    worker without the router polls only 0, 3, 6 and 9, and the router's lists are 0-9)."""
+    return queue if step == 0 else f"{queue}{channel.sep}{step}"
 
 
 def priority_list(channel: Any, queue: str, step: int) -> str:

@@ -20,6 +20,7 @@ import redis
 from celery import Celery
 from kombu.transport.redis import PRIORITY_STEPS as KOMBU_PRIORITY_STEPS
 
+from ..integration.celery_internals import step_list
 from ..integration.celery_settings import REDIS_PRIORITY_STEPS
 from ..router import installed_router
 from .migration import MigrationReport, Target
@@ -62,7 +63,6 @@ class RedisQueue:
     def __enter__(self) -> RedisQueue:
         self._conn = self.app.connection_for_write()
         channel = self._conn.default_channel
-        self.sep: str = channel.sep
         self.prefix: str = channel.global_keyprefix or ""
         self.unacked_key: str = self.prefix + channel.unacked_key
         # A plain client on kombu's pool: kombu's own prefixes keys a second time.
@@ -73,7 +73,7 @@ class RedisQueue:
         self._conn.release()
 
     def key(self, step: int) -> str:
-        return self.prefix + (self.queue if step == 0 else f"{self.queue}{self.sep}{step}")
+        return self.prefix + step_list(self._conn.default_channel, self.queue, step)
 
     def depths(self) -> dict[int, int]:
         with self.client.pipeline(transaction=False) as pipe:

@@ -16,6 +16,7 @@ from celery import Celery
 from .. import headers as H
 from ..integration.app_queues import queue_names
 from ..integration.brokers import Transport, transport_of
+from ..integration.celery_internals import step_list
 from ..integration.celery_settings import REDIS_PRIORITY_STEPS
 
 
@@ -68,7 +69,7 @@ def _redis_depths(app: Celery, names: list[str]) -> BrokerDepths:
         with client.pipeline(transaction=False) as pipe:
             for name in names:
                 for step in steps:
-                    pipe.llen(name if step == 0 else f"{name}{channel.sep}{step}")
+                    pipe.llen(step_list(channel, name, step))
             pipe.hlen(channel.unacked_key)
             replies = pipe.execute()
     depths = []

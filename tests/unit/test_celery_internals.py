@@ -121,6 +121,18 @@ def test_priority_list_names_kombus_redis_list_for_each_step() -> None:
     assert internals.priority_list(channel, "documents", 3) == "documents\x06\x163"
 
 
+def test_step_list_is_the_list_a_channel_with_that_step_uses() -> None:
+    from kombu.transport.redis import Channel
+
+    for steps in ([0, 3, 6, 9], list(range(10))):
+        channel = mock.Mock(spec=Channel, sep="\x06\x16", priority_steps=steps)
+        channel.priority = Channel.priority.__get__(channel)
+        channel._q_for_pri = Channel._q_for_pri.__get__(channel)
+        for step in steps:
+            assert internals.step_list(channel, "documents", step) == channel._q_for_pri("documents", step)
+    assert internals.step_list(channel, "documents", 1) == "documents\x06\x161"
+
+
 def test_pool_size_follows_an_autoscaled_prefork_pool_as_it_grows_and_shrinks() -> None:
     # A prefork pool forks: in a process of its own, not in the threaded test process.
     script = """
