@@ -263,11 +263,6 @@ class Engine:
                 return sent
         return len(ends)
 
-    @property
-    def owed_ends(self) -> int:
-        """How many ends wait to be sent again."""
-        return len(self._owed)
-
     def _send_end(self, end: tuple[str, str, int | None]) -> bool | None:
         """One end on the store: whether it ended the document, None when the store failed."""
         inflight = self._ender()

@@ -16,10 +16,8 @@ the worst of three ratios, each 1.0 at its bound:
   differences within it are which slot frees first, not the table.
 
 A table meets the criteria on a trace when its score is at most 1.0.  Over several traces
-(and modes, and costs) the search ranks tables by their worst score, and :func:`choose`
-takes, of those within :data:`TOLERANCE` of the best worst score, the one that meets the
-criteria on the most traces: the lowest worst score alone can trade many traces met for a
-hundredth of a ratio on one.
+(and modes, and costs) :func:`search` ranks tables by their worst score; a recommendation
+(``fit.py``) prefers a simpler table within :data:`TOLERANCE` of the best.
 """
 
 from __future__ import annotations
@@ -27,7 +25,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from multiprocessing import get_context
 
 from ..config import RouterConfig
@@ -46,7 +44,7 @@ MEDIUM_SHARE = 0.1
 #: clients' worst within 1.1x the default table's; waits within SLACK s of drr's always pass.
 MEDIUM_BOUND, ANY_BOUND, LIGHT_BOUND = 1.1, 1.5, 1.1
 SLACK = 2.0
-#: How far above the best worst score :func:`choose` looks for a table meeting more cases.
+#: How far above the best score a simpler table is still recommended (``fit.py``).
 TOLERANCE = 0.05
 GROUPS = ("light", "medium", "heavy")
 #: The geometric family searched: the first limit, and the ratio between limits.
@@ -288,15 +286,3 @@ def processors() -> int:
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1
-
-
-def choose(ranked: Sequence[Ranked]) -> Ranked:
-    """Of the tables within :data:`TOLERANCE` of the best worst score, the one meeting the
-    criteria on the most cases (then the lowest worst score)."""
-    near = [r for r in ranked if r.score <= ranked[0].score * (1 + TOLERANCE)]
-    return max(near, key=lambda r: (r.passed, -r.score))
-
-
-def with_mode(case: Case, mode: str) -> Case:
-    """The same case counted in ``mode``."""
-    return replace(case, name=f"{case.name} ({mode})", mode=mode)
