@@ -190,8 +190,14 @@ def running_worker(env: Mapping[str, str], *args: str, app: str = "workers.app")
 
 
 #: Redis broker options that redeliver a dead worker's unacked documents after 3 s instead
-#: of an hour, swept every second instead of ~100 s (RabbitMQ requeues them at once).
-FAST_REDELIVERY = '{"visibility_timeout": 3, "unacked_restore_interval": 1, "unacked_restore_throttle": 1}'
+#: of an hour, swept every second instead of ~100 s (RabbitMQ requeues them at once).  The
+#: sweep's lock lapses after 5 s, not kombu's 300: a worker SIGKILLed while it held the lock
+#: stopped every sweep on the broker's database for 5 minutes, and a test waiting 90 s for
+#: a redelivery failed (seen once in a loaded run).
+FAST_REDELIVERY = (
+    '{"visibility_timeout": 3, "unacked_restore_interval": 1, "unacked_restore_throttle": 1, '
+    '"unacked_mutex_expire": 5}'
+)
 
 
 def kill_worker_mid_work(env: Mapping[str, str], *args: str, received: int = 2, timeout: float = 60) -> None:
