@@ -5,10 +5,9 @@ stands for a client's holding queue, as ``GateStore.release`` takes from it."""
 
 from __future__ import annotations
 
-from collections import deque
-
 import pytest
 import redis
+from support.holding_queue import Queue
 
 from priority_router.limits import Limits
 from priority_router.store.client_ids import gate_keys
@@ -27,35 +26,6 @@ def client(request: pytest.FixtureRequest) -> redis.Redis:
 @pytest.fixture
 def gate(client: redis.Redis, key_prefix: str) -> GateStore:
     return GateStore(client, key_prefix, lease=30)
-
-
-class Document:
-    def __init__(self, queue: Queue, task_id: str, units: int) -> None:
-        self.queue, self.task_id, self.units = queue, task_id, units
-
-    def send(self) -> None:
-        if self.queue.fail_release:
-            raise ConnectionError("the broker went away")
-        self.queue.released.append(self.task_id)
-
-    def drop(self) -> None:
-        self.queue.dropped.append(self.task_id)
-
-    def put_back(self) -> None:
-        self.queue.waiting.appendleft((self.task_id, self.units))
-
-
-class Queue:
-    """A client's holding queue: (task id, units) oldest first, and what was released."""
-
-    def __init__(self) -> None:
-        self.waiting: deque[tuple[str, int]] = deque()
-        self.released: list[str] = []
-        self.dropped: list[str] = []
-        self.fail_release = False
-
-    def take(self) -> Document | None:
-        return Document(self, *self.waiting.popleft()) if self.waiting else None
 
 
 @pytest.fixture

@@ -10,10 +10,10 @@ the broker's redeliveries.  Run on fakeredis and on a real Redis."""
 from __future__ import annotations
 
 import random
-from collections import deque
 
 import pytest
 import redis
+from support.holding_queue import Queue
 
 from priority_router.limits import Limits
 from priority_router.simulation.gate import Gate
@@ -43,31 +43,6 @@ def client(request: pytest.FixtureRequest) -> redis.Redis:
     return request.getfixturevalue("fake_redis" if request.param == "fakeredis" else "real_redis")
 
 
-class _Held:
-    """One held document in the client's holding queue, as ``GateStore.release`` takes it."""
-
-    def __init__(self, queue: _Queue, task_id: str, units: int) -> None:
-        self.queue, self.task_id, self.units = queue, task_id, units
-
-    def send(self) -> None:
-        self.queue.released.append(self.task_id)
-
-    def drop(self) -> None:
-        pass
-
-    def put_back(self) -> None:
-        self.queue.waiting.appendleft((self.task_id, self.units))
-
-
-class _Queue:
-    def __init__(self) -> None:
-        self.waiting: deque[tuple[str, int]] = deque()
-        self.released: list[str] = []
-
-    def take(self) -> _Held | None:
-        return _Held(self, *self.waiting.popleft()) if self.waiting else None
-
-
 class Both:
     """One client's documents through the simulator's gate and the real one side by side."""
 
@@ -77,7 +52,7 @@ class Both:
             builder.add("acme", "g", n, 1.0, units=u)
         self.sim = Gate(builder.build(), [limits])
         self.real = GateStore(client, prefix, lease=SPAN / 1000 * 2)
-        self.limits, self.units, self.queue = limits, units, _Queue()
+        self.limits, self.units, self.queue = limits, units, Queue()
         self.held = 0
 
     def arrive(self, doc: int, now: int) -> bool:
