@@ -18,7 +18,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -145,6 +145,34 @@ class LocalCluster:
             if info["role"] == "slave" and int(str(info["master_port"])) == master.port:
                 return node
         raise LookupError(f"{master.name} has no live replica")
+
+    def node_id(self, node: ClusterNodeProcess) -> str:
+        with node.client() as client:
+            return str(client.execute_command("CLUSTER", "MYID").decode())
+
+    def move_slot(
+        self, slot: int, target: ClusterNodeProcess, between: Callable[[str], None] = lambda _: None
+    ) -> None:
+        """Reshard ``slot`` to ``target`` as ``redis-cli --cluster reshard`` does, calling
+        ``between(step)`` after each step: "importing" (both ends marked, no key moved yet),
+        "migrated" (every key of the slot on ``target``, the slot still the source's) and
+        "assigned" (every master told the new owner; clients still hold the old map)."""
+        source = self.master_of_slot(slot)
+        source_id, target_id = self.node_id(source), self.node_id(target)
+        with target.client() as to, source.client() as src:
+            to.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
+            src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+            between("importing")
+            while keys := src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100):
+                src.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *keys)
+            between("migrated")
+            to.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+            src.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+        for other in self.masters():
+            if other not in (source, target):
+                with other.client() as client:
+                    client.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+        between("assigned")
 
     def kill(self, node: ClusterNodeProcess) -> None:
         """SIGKILL: the node disappears without a goodbye, as in a crash."""
