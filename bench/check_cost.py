@@ -54,8 +54,8 @@ def strategies(client: redis.Redis) -> dict[str, Callable[[str], object]]:
 
     return {
         "ping": lambda _: client.ping(),
-        "packed": counter.check,
-        "packed+tier": counter.check_and_tier,
+        "packed": counter.record,
+        "packed+tier": lambda c: counter.count(c, tier=True),
         "pipeline": pipeline,
         "evalsha": lambda c: client.evalsha(sha, 1, client_key(PREFIX, c), interval_ms, 1),
     }

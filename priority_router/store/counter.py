@@ -25,7 +25,7 @@ import redis
 from .client_ids import TIER_SUFFIX, client_id_from_key, client_key
 from .client_keys import ClientKeys, CounterState, Layout
 from .costs import ONE, pending_before
-from .packed import Extras, PackedCheck, pipelined_add, supports
+from .packed import Extras, PackedCheck, exchange_for, pipelined_add
 
 #: Ends the key of a client's extras in the seed mode (``costs.py``).
 EXTRAS_SUFFIX = ":c"
@@ -49,12 +49,12 @@ class Counter(ClientKeys):
 
     def __init__(self, client: redis.Redis, prefix: str, reset_interval: float) -> None:
         super().__init__(client, prefix, reset_interval, SEED)
-        packs = supports(client)
+        exchange = exchange_for(client)
         ms = self._interval_ms
-        self._add = PackedCheck(client, ms).add if packs else pipelined_add(client, ms)
+        self._add = PackedCheck(exchange, ms).add if exchange else pipelined_add(client, ms)
         self._add_tier = (
-            PackedCheck(client, ms, _tier_of_counter).add
-            if packs
+            PackedCheck(exchange, ms, _tier_of_counter).add
+            if exchange
             else pipelined_add(client, ms, _tier_of_counter)
         )
 

@@ -55,7 +55,7 @@ from .client_ids import (
 )
 from .client_keys import ClientKeys, Layout
 from .costs import ONE, RESOLUTION, SENTINEL, as_count
-from .packed import CACHE_SIZE, EXEC, MULTI, bulk, call, command, supports, transact
+from .packed import CACHE_SIZE, EXEC, MULTI, Exchange, bulk, call, command, exchange_for, transact
 
 
 def member(task_id: str, extra: int = 0) -> bytes:
@@ -92,7 +92,7 @@ class InflightCounter(ClientKeys):
     def __init__(self, client: redis.Redis, prefix: str, reset_interval: float) -> None:
         super().__init__(client, prefix, reset_interval, INFLIGHT)
         self._expiry = str(self._interval_ms).encode()
-        self._packs = supports(client)
+        self._exchange = exchange_for(client)
         self._publish: Any = client.register_script((_LUA / "publish_inflight.lua").read_text())
         self._end_costed: Any = client.register_script((_LUA / "end_costed.lua").read_text())
         #: Per key: the packed ``EVALSHA`` up to the document's entry (its keys).
@@ -115,8 +115,8 @@ class InflightCounter(ClientKeys):
         key = inflight_key(self._prefix, client_id)
         extra = units - ONE
         entry = member(task_id, extra)
-        if self._packs:
-            before, stored = self._packed_publish(key, entry, extra, tier, costs)
+        if self._exchange:
+            before, stored = self._packed_publish(self._exchange, key, entry, extra, tier, costs)
         else:
             keys = [key, _tier_of_list(key), _order_of_list(key)]
             args = [entry, extra, self._expiry, _FLAG[tier], _FLAG[costs], SENTINEL, RESOLUTION]
@@ -133,13 +133,13 @@ class InflightCounter(ClientKeys):
         expected = ONE if units is None else units
         m = member(task_id, expected - ONE)
         if not (costs or expected != ONE):
-            if self._packs:
+            if self._exchange:
                 # Packed like the publish: on a worker this runs once per document.
                 raw = key.encode()
                 packed = (
                     MULTI + command(b"LREM", raw, b"-1", m) + command(b"PEXPIRE", raw, self._expiry) + EXEC
                 )
-                removed = transact(self._redis.connection_pool, packed, 2)[0]
+                removed = transact(self._exchange, raw, packed, 2)[0]
             else:
                 with self._redis.pipeline(transaction=True) as pipe:
                     pipe.lrem(key, -1, m)  # type: ignore[arg-type]  # redis-py sends bytes as they are
@@ -153,7 +153,9 @@ class InflightCounter(ClientKeys):
         removed, extra = self._end_costed(keys=[key], args=args)
         return ONE + int(extra) if removed else None
 
-    def _packed_publish(self, key: str, entry: bytes, extra: int, tier: bool, costs: bool) -> Any:
+    def _packed_publish(
+        self, exchange: Exchange, key: str, entry: bytes, extra: int, tier: bool, costs: bool
+    ) -> Any:
         head = self._heads.get(key)
         if head is None:
             keys = (key.encode(), _tier_of_list(key).encode(), _order_of_list(key).encode())
@@ -172,11 +174,13 @@ class InflightCounter(ClientKeys):
             if not extra:
                 self._tails[tier, costs] = tail
         packed = head + bulk(entry) + tail
+        raw = key.encode()
         try:
-            return call(self._redis.connection_pool, packed)
+            return call(exchange, raw, packed)
         except redis.exceptions.NoScriptError:
-            self._redis.script_load(self._publish.script)  # a restarted or flushed Redis
-            return call(self._redis.connection_pool, packed)
+            # A restarted or flushed Redis (on a cluster, SCRIPT LOAD goes to every master).
+            self._redis.script_load(self._publish.script)
+            return call(exchange, raw, packed)
 
 
 _FLAG = (b"0", b"1")

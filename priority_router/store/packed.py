@@ -10,18 +10,24 @@ The server runs exactly the same transaction, so its capacity is unchanged
 (``bench/counter_throughput.py``), it stays atomic, and a key never exists without its
 expiry.
 
-Only a plain ``redis.Redis`` (direct, Unix socket, TLS or Sentinel-managed) is driven
-this way; any other client (Redis Cluster, a single-connection client) gets the same
-transaction through redis-py's pipeline.
+A plain ``redis.Redis`` (direct, Unix socket, TLS or Sentinel-managed) and Redis Cluster
+are driven this way; on a cluster the bytes go to the pool of the master that serves the
+key's slot (:class:`SlotMaster`), still one round trip to one master.  A single-connection
+client gets the same transaction through redis-py's pipeline.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 import redis
+from redis.cluster import RedisCluster
+from redis.crc import key_slot
+from redis.exceptions import AskError, ClusterDownError, MovedError, SlotNotCoveredError
+
+from .connection import LazyCluster, is_cluster
 
 #: Packed checks kept per counter; clients beyond it are packed again when they return.
 CACHE_SIZE = 4096
@@ -39,9 +45,14 @@ def command(*parts: bytes) -> bytes:
 
 MULTI = command(b"MULTI")
 EXEC = command(b"EXEC")
+ASKING = command(b"ASKING")
+
+#: ``exchange(key, packed, replies)``: write ``packed`` to the server that holds ``key`` and
+#: read ``replies`` replies; the last (an error reply is raised).
+Exchange = Callable[[bytes, bytes, int], Any]
 
 
-def supports(client: object) -> bool:
+def supports(client: object) -> TypeGuard[redis.Redis]:
     """Whether ``client`` is a plain pooled ``redis.Redis`` that :func:`transact` can drive."""
     return (
         isinstance(client, redis.Redis)
@@ -50,20 +61,83 @@ def supports(client: object) -> bool:
     )
 
 
-def transact(pool: redis.ConnectionPool, packed: bytes, queued: int) -> list[Any]:
-    """Send one pre-packed ``MULTI ... EXEC`` of ``queued`` commands on a pooled connection;
-    the replies of ``EXEC``.  A command that failed inside the transaction is raised."""
+def exchange_for(client: object) -> Exchange | None:
+    """How pre-packed bytes reach ``client``'s server; None for a client they cannot reach
+    (a single-connection ``redis.Redis``), which gets the same commands through redis-py."""
+    if is_cluster(client):
+        return SlotMaster(client)  # type: ignore[arg-type]  # is_cluster says which
+    if not supports(client):
+        return None
+    pool = client.connection_pool
+    return lambda _key, packed, replies: _exchange(pool, packed, replies)
+
+
+def transact(exchange: Exchange, key: bytes, packed: bytes, queued: int) -> list[Any]:
+    """Send one pre-packed ``MULTI ... EXEC`` of ``queued`` commands on ``key``'s slot; the
+    replies of ``EXEC``.  A command that failed inside the transaction is raised."""
     # +OK for MULTI and +QUEUED per command come before EXEC's replies.
-    replies: list[Any] = _exchange(pool, packed, queued + 2)
+    replies: list[Any] = exchange(key, packed, queued + 2)
     for value in replies:
         if isinstance(value, Exception):
             raise value  # e.g. WRONGTYPE: the key holds something else
     return replies
 
 
-def call(pool: redis.ConnectionPool, packed: bytes) -> Any:
-    """Send one pre-packed command on a pooled connection; its reply (an error reply is raised)."""
-    return _exchange(pool, packed, 1)
+def call(exchange: Exchange, key: bytes, packed: bytes) -> Any:
+    """Send one pre-packed command on ``key``'s slot; its reply (an error reply is raised)."""
+    return exchange(key, packed, 1)
+
+
+class SlotMaster:
+    """Packed bytes sent to the master that serves the key's slot, on that node's own pool.
+
+    redis-py's cluster pipeline sends the same one write to the same master, but builds a
+    pipeline, packs each command and runs its callbacks: about three times the client CPU
+    of the packed check (``bench/cluster_check.py``).  The slot map is redis-py's own, and
+    it is kept up to date as redis-py's cluster client keeps it:
+
+    - ``MOVED`` (the slot was resharded, or failed over and seen from the promoted
+      replica): nothing ran (a transaction with a redirected command is refused at
+      ``EXEC``), so the map takes the new owner and the bytes go there, once more;
+    - ``ASK`` (the slot is migrating and the key already left): they go to the importing
+      master once, after ``ASKING``; the map is left as it is, as the migration has not
+      finished;
+    - a connection error, a timeout, ``CLUSTERDOWN``: what was sent may have run, so it is
+      never sent again (the check fails open, as on one Redis); the map is read again, so
+      the next check finds a promoted replica.
+    """
+
+    def __init__(self, client: RedisCluster | LazyCluster) -> None:
+        self._client = client
+
+    def __call__(self, key: bytes, packed: bytes, replies: int) -> Any:
+        client = self._client
+        # A LazyCluster is built at its first check, not before (connection.py).
+        cluster = client.cluster if isinstance(client, LazyCluster) else client
+        slot = key_slot(key)
+        try:
+            try:
+                return _exchange(_master_pool(cluster, slot), packed, replies)
+            except MovedError as moved:
+                cluster.nodes_manager.move_slot(moved)
+                return _exchange(_master_pool(cluster, slot), packed, replies)
+            except AskError as ask:
+                node = cluster.nodes_manager.get_node(ask.host, ask.port)
+                if node is None:
+                    raise
+                pool = cluster.get_redis_connection(node).connection_pool
+                return _exchange(pool, ASKING + packed, replies + 1)
+        except (redis.ConnectionError, redis.TimeoutError, OSError, ClusterDownError, SlotNotCoveredError):
+            cluster.nodes_manager.initialize()
+            raise
+
+
+def _master_pool(cluster: RedisCluster, slot: int) -> redis.ConnectionPool:
+    nodes = cluster.nodes_manager.slots_cache.get(slot)
+    if not nodes:
+        raise SlotNotCoveredError(f"slot {slot} is not covered by the cluster")
+    pool: redis.ConnectionPool = cluster.get_redis_connection(nodes[0]).connection_pool
+    return pool
 
 
 def _exchange(pool: redis.ConnectionPool, packed: bytes, replies: int) -> Any:
@@ -118,10 +192,9 @@ class PackedCheck:
     transaction; and with ``extras``, the client's extras after the check."""
 
     def __init__(
-        self, client: redis.Redis, interval_ms: int, read_key: Callable[[str], str] | None = None
+        self, exchange: Exchange, interval_ms: int, read_key: Callable[[str], str] | None = None
     ) -> None:
-        self._client = client
-        self._pool = client.connection_pool
+        self._exchange = exchange
         self._expiry = str(interval_ms).encode()
         self._read_key = read_key
         #: One document's check per key and extras key read or not: the hot path's shapes.
@@ -137,7 +210,7 @@ class PackedCheck:
                 if len(self._packed) >= CACHE_SIZE:
                     self._packed.clear()
                 self._packed[shape] = packed
-        replies = transact(self._pool, packed[0], packed[1])
+        replies = transact(self._exchange, key.encode(), packed[0], packed[1])
         return check_replies(replies, self._read_key is not None, extras is not None)
 
     def _pack(self, key: str, n: int, extras: Extras | None = None) -> tuple[bytes, int]:
@@ -152,8 +225,9 @@ def pipelined_add(
     client: redis.Redis, interval_ms: int, read_key: Callable[[str], str] | None = None
 ) -> Callable[..., tuple[int, Any, int]]:
     """The same transaction through redis-py's pipeline, for clients :class:`PackedCheck`
-    cannot drive (Redis Cluster runs it on the key's slot: ``read_key`` and the extras key
-    must share it)."""
+    cannot drive (a single-connection client).  On Redis Cluster, where :class:`PackedCheck`
+    also runs, the transaction runs on the key's slot: ``read_key`` and the extras key must
+    share it."""
 
     def add(key: str, n: int = 1, extras: Extras | None = None) -> tuple[int, Any, int]:
         with client.pipeline(transaction=True) as pipe:

@@ -217,9 +217,11 @@ def test_no_key_is_left_without_expiry(client: redis.Redis, key_prefix: str) -> 
 def test_a_check_cut_off_before_exec_changes_nothing(real_redis: redis.Redis, key_prefix: str) -> None:
     """The whole check is one MULTI ... EXEC: a publisher that dies mid-send leaves no key,
     so never one without its expiry."""
-    from priority_router.store.packed import PackedCheck
+    from priority_router.store.packed import PackedCheck, exchange_for
 
     key = Counter(real_redis, key_prefix, 1500).key("cut")
-    send_cut_before_exec(real_redis, PackedCheck(real_redis, 1_500_000)._pack(key, 1)[0])
+    exchange = exchange_for(real_redis)
+    assert exchange is not None
+    send_cut_before_exec(real_redis, PackedCheck(exchange, 1_500_000)._pack(key, 1)[0])
     time.sleep(0.05)
     assert real_redis.exists(key) == 0

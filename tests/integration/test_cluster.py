@@ -20,8 +20,10 @@ from typing import Any
 import pytest
 from celery.signals import after_task_publish
 from click.testing import CliRunner
+from redis.cluster import RedisCluster, key_slot
 from support.broker import drain
 from support.cluster import LocalCluster, require_cluster_programs, running_cluster
+from support.redis_wire import record_writes
 from support.services import broker_db_url, close_app
 
 from priority_router import (
@@ -37,6 +39,7 @@ from priority_router import headers as H
 from priority_router.ops.cli import main
 from priority_router.router import engine_of
 from priority_router.store.counter import Counter
+from priority_router.store.packed import EXEC, MULTI, command
 from workers.app import create_app
 
 BURST = [1, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7, 8, 8, 8, 8, 8, 8, 9]
@@ -230,6 +233,147 @@ def test_the_environment_variable_reaches_the_cluster(redis_cluster: LocalCluste
     assert router.config.redis_url == redis_cluster.url
     router.record("acme")
     assert PriorityRouter(redis_url=redis_cluster.url, key_prefix=key_prefix).peek("acme").pending == 0
+
+
+# -- one packed write to one master ---------------------------------------------------------
+
+
+def refuse_the_pipeline(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refused(*_: object, **__: object) -> None:
+        raise AssertionError("a check went through redis-py's cluster pipeline")
+
+    monkeypatch.setattr(RedisCluster, "pipeline", refused)
+
+
+def test_a_check_is_one_packed_write_to_its_master(
+    redis_cluster: LocalCluster, key_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plain = PriorityRouter(redis_url=redis_cluster.url, key_prefix=key_prefix)
+    clients = [f"wire-{i}" for i in range(12)]
+    tiered, costed = "wire-tiered", "wire-costed"
+    PriorityRouter(redis_url=redis_cluster.url, key_prefix=key_prefix + "t:").set_tier(tiered, fixed=7)
+    extended = PriorityRouter(redis_url=redis_cluster.url, key_prefix=key_prefix + "t:")
+    for client in clients:  # markers read, slot map and connections set up
+        plain.record(client)
+    extended.record(costed, cost=2.5)
+    counter = engine_of(plain).counter
+    ports = {c: redis_cluster.master_of_key(counter.key(c)).port for c in [*clients, tiered, costed]}
+    assert set(ports.values()) == {m.port for m in redis_cluster.masters()}
+    refuse_the_pipeline(monkeypatch)
+    writes = record_writes(monkeypatch)
+    for client in clients:
+        writes.clear()
+        plain.record(client)
+        key = counter.key(client).encode()
+        check = MULTI + command(b"INCR", key) + command(b"PEXPIRE", key, b"1500000") + EXEC
+        assert writes == [(ports[client], check)]
+    # With tiers and costs in use, the check also reads the tier and the extras, in the
+    # same transaction on the same master.
+    decisions = []
+    for client, cost in ((tiered, 1.0), (costed, 2.5)):
+        writes.clear()
+        decisions.append(extended.record(client, cost=cost))
+        assert [port for port, _ in writes] == [ports[client]], writes
+        assert writes[0][1].startswith(MULTI) and writes[0][1].endswith(EXEC)
+        assert b"GET" in writes[0][1]
+    assert [(d.priority, d.pending) for d in decisions] == [(7, 0), (1, -2.5)]
+    monkeypatch.undo()  # an operator's read goes through the pipeline
+    assert extended.state(costed).counted == 5
+
+
+def test_an_inflight_publish_and_end_are_one_packed_write_each(
+    redis_cluster: LocalCluster, key_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    router = PriorityRouter(redis_url=redis_cluster.url, key_prefix=key_prefix, mode="inflight")
+    router.record("warm", "t0")
+    keys = engine_of(router).counter
+    clients = [f"flight-{i}" for i in range(9)]
+    ports = {c: redis_cluster.master_of_key(keys.key(c)).port for c in clients}
+    assert set(ports.values()) == {m.port for m in redis_cluster.masters()}
+    refuse_the_pipeline(monkeypatch)
+    writes = record_writes(monkeypatch)
+    for client in clients:
+        port = ports[client]
+        writes.clear()
+        assert router.record(client, "t1").pending == 0
+        assert router.record(client, "t2").pending == -1
+        assert router.end(client, "t1") is True
+        assert [p for p, _ in writes] == [port, port, port]
+        assert [w[:14] for _, w in writes] == [b"*13\r\n$7\r\nEVALSHA"[:14]] * 2 + [MULTI[:14]]
+
+
+def test_counts_are_exact_in_both_modes_on_every_master(redis_cluster: LocalCluster, key_prefix: str) -> None:
+    seed = PriorityRouter(redis_url=redis_cluster.url, key_prefix=key_prefix + "s:")
+    inflight = PriorityRouter(redis_url=redis_cluster.url, key_prefix=key_prefix + "i:", mode="inflight")
+    clients = [f"exact-{i}" for i in range(24)]
+    assert masters_of(redis_cluster, seed, clients) == {m.port for m in redis_cluster.masters()}
+
+    def publish(worker: int) -> None:
+        for round_ in range(10):
+            for client in clients:
+                seed.record(client)
+                inflight.record(client, f"{worker}-{round_}")
+                if round_ % 2:
+                    assert inflight.end(client, f"{worker}-{round_ - 1}") is True
+
+    threads = [threading.Thread(target=publish, args=(w,)) for w in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for client in clients:
+        assert seed.state(client).counted == 30
+        assert inflight.state(client).counted == 15
+
+
+# -- resharding ----------------------------------------------------------------------------
+
+
+def test_a_resharded_slot_is_followed_without_losing_a_count(key_prefix: str) -> None:
+    """Every step of moving a client's slot to another master, as ``redis-cli --cluster
+    reshard`` takes them, with publishes between them: the seed mode keeps counting through
+    ASK and MOVED; the inflight mode's script, whose keys are not all there while the slot
+    moves, fails open until it has moved (Redis answers TRYAGAIN), and loses nothing."""
+    require_cluster_programs()
+    with running_cluster(replicas=0) as cluster:
+        seed = PriorityRouter(redis_url=cluster.url, key_prefix=key_prefix)
+        inflight = PriorityRouter(
+            redis_url=cluster.url, key_prefix=key_prefix + "i:", mode="inflight", cooldown=0.2
+        )
+        client = "moving"
+        key = engine_of(seed).counter.key(client)
+        slot = key_slot(key.encode())
+        source = cluster.master_of_slot(slot)
+        target = next(m for m in cluster.masters() if m is not source)
+        seen: list[tuple[str, str, int | None]] = []
+        flown: list[str] = []
+
+        def publish(step: str) -> None:
+            for n in range(3):
+                seen.append((step, *_reason_and_pending(seed.decide(client))))
+                task = f"{step}-{n}"
+                if inflight.decide(client, task).reason.value == "counted":
+                    flown.append(task)
+
+        publish("before")
+        cluster.move_slot(slot, target, between=publish)
+        time.sleep(0.3)  # the inflight breaker's cooldown
+        publish("after")
+
+        assert all(reason == "counted" for _, reason, _ in seen), seen
+        assert [pending for *_, pending in seen] == [-n for n in range(len(seen))]
+        assert cluster.master_of_key(key) is target
+        with target.client() as master:
+            assert int(master.get(key)) == len(seen)
+            # The key had left the source while the slot was still the source's: ASK.
+            assert master.info("commandstats")["cmdstat_asking"]["calls"] >= 1
+        assert engine_of(seed).redis.get_node_from_key(key).port == target.port  # MOVED followed
+        assert "after-0" in flown
+        assert inflight.state(client).counted == len(flown)
+
+
+def _reason_and_pending(decision: Any) -> tuple[str, int | None]:
+    return decision.reason.value, decision.pending
 
 
 # -- the CLI -------------------------------------------------------------------------------

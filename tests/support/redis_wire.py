@@ -6,6 +6,7 @@ import socket
 
 import pytest
 import redis
+from redis.connection import AbstractConnection
 
 
 def record_sends(client: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> list[list[bytes]]:
@@ -40,3 +41,18 @@ def send_cut_before_exec(client: redis.Redis, packed: bytes) -> None:
         select = b"*2\r\n$6\r\nSELECT\r\n$%d\r\n%s\r\n" % (len(db), db)
         sock.sendall(select + packed[: packed.rindex(b"*1")])
         sock.recv(4096)
+
+
+def record_writes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, bytes]]:
+    """Every write from now on to any Redis socket of this process, as (the server's port,
+    the bytes): one entry per round trip, whichever node of a cluster it goes to."""
+    writes: list[tuple[int, bytes]] = []
+    real = AbstractConnection.send_packed_command
+
+    def recording(self: AbstractConnection, command: object, check_health: bool = True) -> None:
+        payload = command if isinstance(command, bytes) else b"".join(command)
+        writes.append((int(self.port), payload))
+        real(self, command, check_health)
+
+    monkeypatch.setattr(AbstractConnection, "send_packed_command", recording)
+    return writes
