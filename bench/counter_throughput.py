@@ -153,11 +153,13 @@ def main() -> None:
 
         base = statistics.median(results["INCR (baseline)"])
         print(f"{args.checks} checks over {args.clients} clients, {args.rounds} interleaved rounds, medians")
-        print("| operation | checks/s | vs INCR |")
-        print("|---|---|---|")
+        print("| operation | checks/s | vs INCR | spread (each round vs its INCR) |")
+        print("|---|---|---|---|")
         for name, rates in results.items():
             med = statistics.median(rates)
-            print(f"| {name} | {med / 1000:.0f}k | {med / base:.2f}x |")
+            ratios = [r / b for r, b in zip(rates, results["INCR (baseline)"], strict=True)]
+            spread = f"{min(ratios):.2f}-{max(ratios):.2f}x"
+            print(f"| {name} | {med / 1000:.0f}k | {med / base:.2f}x | {spread} |")
 
     finally:
         stop_redis()
