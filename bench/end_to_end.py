@@ -29,12 +29,19 @@ under a per-run name that is deleted afterwards; the router keeps its default se
 against a throwaway ``redis-server`` instead, so that the Redis CPU column is this
 benchmark's alone.
 
+``--cluster N`` gives the router a counter store of its own, a local Redis Cluster of
+``N`` masters without replicas (``tests/support/cluster.py``; the broker and the marks stay
+on the one Redis), and ``--store URL`` any other store; the table then shows publishing's
+own rate too (documents published per second, first publish to last).
+
     python bench/end_to_end.py [--repeat 3] [--documents 2000] [--modes plain,router]
+    python bench/end_to_end.py --cluster 3     # the router's counter on a 3-master cluster
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -60,15 +67,18 @@ TASK = "workers.count_document"
 MODES = ("plain", "router", "tuned", "inflight")
 
 
-def environment(mode: str, redis_url: str, tag: str) -> dict[str, str]:
+def environment(mode: str, redis_url: str, tag: str, store: str | None = None) -> dict[str, str]:
+    control = RedisDatabases.from_url(redis_url).counter
     env = {
         "BROKER_URL": RedisDatabases.from_url(redis_url).broker,
         "DOCUMENT_QUEUE": f"e2e-{tag}",
         "WORKER_INCLUDE": "workers.bench_tasks",
         "WORKERS_ROUTER": "on" if mode in ("router", "inflight") else "off",
         "PRIORITY_ROUTER_MODE": "inflight" if mode == "inflight" else "seed",
-        "PRIORITY_ROUTER_REDIS_URL": RedisDatabases.from_url(redis_url).counter,
+        "PRIORITY_ROUTER_REDIS_URL": store or control,
         "PRIORITY_ROUTER_KEY_PREFIX": f"e2e-{tag}:",
+        # Where the runs and the start tokens are counted: the one Redis, whatever the store.
+        "CONTROL_URL": control,
     }
     if mode == "tuned":
         env["BROKER_TRANSPORT_OPTIONS"] = json.dumps(
@@ -89,7 +99,7 @@ def publisher(args: argparse.Namespace) -> None:
     from workers.app import create_app
 
     env = json.loads(args.env)
-    counter_url = env["PRIORITY_ROUTER_REDIS_URL"]
+    counter_url = env["CONTROL_URL"]
     app = create_app(env)
     control = redis.Redis.from_url(counter_url)
     try:
@@ -230,9 +240,9 @@ def cleanup(redis_url: str, tag: str) -> None:
         counter.close()
 
 
-def run(mode: str, args: argparse.Namespace, redis_url: str) -> dict[str, Any]:
+def run(mode: str, args: argparse.Namespace, redis_url: str, store: str | None = None) -> dict[str, Any]:
     tag = uuid.uuid4().hex[:10]
-    env = environment(mode, redis_url, tag)
+    env = environment(mode, redis_url, tag, store)
     keys = f"e2e-{tag}-done"
     counter = redis.Redis.from_url(RedisDatabases.from_url(redis_url).counter)
     names = [f"e2e{i}-{tag}@bench" for i in range(args.workers)]
@@ -286,13 +296,14 @@ def run(mode: str, args: argparse.Namespace, redis_url: str) -> dict[str, Any]:
             counted = -len(left) if left else 0
         if mode == "router":
             from priority_router.store.client_ids import client_key
+            from priority_router.store.connection import make_client
 
-            values = counter.mget(
-                [
-                    client_key(env["PRIORITY_ROUTER_KEY_PREFIX"], f"client-{c:03d}")
-                    for c in range(args.clients)
-                ]
-            )
+            store_client = make_client(env["PRIORITY_ROUTER_REDIS_URL"], 2.0, 5.0)
+            values = [
+                store_client.get(client_key(env["PRIORITY_ROUTER_KEY_PREFIX"], f"client-{c:03d}"))
+                for c in range(args.clients)
+            ]
+            store_client.close()
             counted = sum(int(v or 0) for v in values)
     finally:
         for proc in [*publishers, *workers]:
@@ -310,6 +321,7 @@ def run(mode: str, args: argparse.Namespace, redis_url: str) -> dict[str, Any]:
         "seconds": elapsed,
         "publish_seconds": max(t["last"] for t in times) - start,
         "docs_per_s": total / elapsed,
+        "published_per_s": total / (max(t["last"] for t in times) - start),
         # CPU of the publishers (while publishing) and the workers (first publish to last run).
         "publisher_cpu_ms_per_doc": sum(t["cpu"] for t in times) / total * 1000,
         "worker_cpu_ms_per_doc": sum(worker_cpu) / total * 1000,
@@ -340,6 +352,10 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=100)
     parser.add_argument("--timeout", type=float, default=120, help="seconds for any one wait")
     parser.add_argument("--json", action="store_true", help="print every run as JSON, no table")
+    parser.add_argument("--store", help="the router's counter store (default: the Redis's db 13)")
+    parser.add_argument(
+        "--cluster", type=int, help="run the router's counter store on a local cluster of N masters"
+    )
     parser.add_argument("--publisher", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--env", help=argparse.SUPPRESS)
     parser.add_argument("--keys", help=argparse.SUPPRESS)
@@ -357,10 +373,16 @@ def main() -> None:
     if args.own_redis or not redis_answers(redis_url):
         redis_url, stop_redis = start_own_redis()
     try:
-        rounds = []
-        for i in range(max(1, args.repeat)):
-            order = modes if i % 2 == 0 else modes[::-1]  # ABBA: drift hits every mode alike
-            rounds.append({mode: run(mode, args, redis_url) for mode in order})
+        with contextlib.ExitStack() as stack:
+            store = args.store
+            if args.cluster:
+                from support.cluster import running_cluster
+
+                store = stack.enter_context(running_cluster(masters=args.cluster, replicas=0)).url
+            rounds = []
+            for i in range(max(1, args.repeat)):
+                order = modes if i % 2 == 0 else modes[::-1]  # ABBA: drift hits every mode alike
+                rounds.append({mode: run(mode, args, redis_url, store) for mode in order})
     finally:
         if stop_redis is not None:
             stop_redis()
@@ -413,12 +435,19 @@ def main() -> None:
         ratios = [rnd[mode]["docs_per_s"] / rnd["plain"]["docs_per_s"] for rnd in rounds]
         cpu_ratios = [total_cpu(rnd[mode]) / total_cpu(rnd["plain"]) for rnd in rounds]
         all_ratios = [total_cpu(rnd[mode], True) / total_cpu(rnd["plain"], True) for rnd in rounds]
+        published = [rnd[mode]["published_per_s"] / rnd["plain"]["published_per_s"] for rnd in rounds]
+        summary[f"{mode}_vs_plain_published"] = round(statistics.median(published), 3)
+        summary[f"{mode}_vs_plain_published_runs"] = [round(x, 3) for x in published]
         ratio, cpu_ratio = statistics.median(ratios), statistics.median(cpu_ratios)
         all_ratio = statistics.median(all_ratios)
         summary[f"{mode}_vs_plain"] = round(ratio, 3)
         summary[f"{mode}_vs_plain_runs"] = [round(x, 3) for x in ratios]
         summary[f"{mode}_vs_plain_cpu_per_doc"] = round(cpu_ratio, 3)
         summary[f"{mode}_vs_plain_cpu_per_doc_with_redis"] = round(all_ratio, 3)
+        lines.append(
+            f"{mode}/plain documents published/s: median {statistics.median(published):.3f} "
+            f"(range {min(published):.3f}-{max(published):.3f})"
+        )
         lines.append(
             f"{mode}/plain documents/s: median {ratio:.3f} (range {min(ratios):.3f}-{max(ratios):.3f}), "
             f"a cost of {1 - ratio:.1%}; CPU per document {mode}/plain: publishers + workers "

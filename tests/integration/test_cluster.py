@@ -266,19 +266,26 @@ def test_a_check_is_one_packed_write_to_its_master(
         plain.record(client)
         key = counter.key(client).encode()
         check = MULTI + command(b"INCR", key) + command(b"PEXPIRE", key, b"1500000") + EXEC
-        assert writes == [(ports[client], check)]
+        assert about(writes, key) == [(ports[client], check)]
     # With tiers and costs in use, the check also reads the tier and the extras, in the
     # same transaction on the same master.
     decisions = []
     for client, cost in ((tiered, 1.0), (costed, 2.5)):
         writes.clear()
         decisions.append(extended.record(client, cost=cost))
-        assert [port for port, _ in writes] == [ports[client]], writes
-        assert writes[0][1].startswith(MULTI) and writes[0][1].endswith(EXEC)
-        assert b"GET" in writes[0][1]
+        mine = about(writes, engine_of(extended).counter.key(client).encode())
+        assert [port for port, _ in mine] == [ports[client]], writes
+        assert mine[0][1].startswith(MULTI) and mine[0][1].endswith(EXEC)
+        assert b"GET" in mine[0][1]
     assert [(d.priority, d.pending) for d in decisions] == [(7, 0), (1, -2.5)]
     monkeypatch.undo()  # an operator's read goes through the pipeline
     assert extended.state(costed).counted == 5
+
+
+def about(writes: list[tuple[int, bytes]], key: bytes) -> list[tuple[int, bytes]]:
+    """The writes that name ``key``: the checks, not the reads of the tier and costs markers
+    a router makes every few seconds (a slow run crosses one)."""
+    return [(port, payload) for port, payload in writes if key in payload]
 
 
 def test_an_inflight_publish_and_end_are_one_packed_write_each(
@@ -298,8 +305,9 @@ def test_an_inflight_publish_and_end_are_one_packed_write_each(
         assert router.record(client, "t1").pending == 0
         assert router.record(client, "t2").pending == -1
         assert router.end(client, "t1") is True
-        assert [p for p, _ in writes] == [port, port, port]
-        assert [w[:14] for _, w in writes] == [b"*13\r\n$7\r\nEVALSHA"[:14]] * 2 + [MULTI[:14]]
+        mine = about(writes, keys.key(client).encode())
+        assert [p for p, _ in mine] == [port, port, port]
+        assert [w[:14] for _, w in mine] == [b"*13\r\n$7\r\nEVALSHA"[:14]] * 2 + [MULTI[:14]]
 
 
 def test_counts_are_exact_in_both_modes_on_every_master(redis_cluster: LocalCluster, key_prefix: str) -> None:
