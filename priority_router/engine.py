@@ -265,7 +265,7 @@ class Engine:
 
     def _send_end(self, end: tuple[str, str, int | None]) -> bool | None:
         """One end on the store: whether it ended the document, None when the store failed."""
-        inflight = self._ender()
+        inflight = self.inflight_lists()
         client_id, task_id, units = end
         sent = self._quietly(lambda: [inflight.end(client_id, task_id, units, self.costs_in_use())], "ends")
         if sent is None:
@@ -277,9 +277,10 @@ class Engine:
             log_end_cost(task_id, client_id, counted, units, " (said once per client)")
         return counted is not None
 
-    def _ender(self) -> InflightCounter:
-        """The in-flight lists documents are ended in: the mode's, else (a seed-mode worker
-        given documents counted in the inflight mode) one built for ends only."""
+    def inflight_lists(self) -> InflightCounter:
+        """The inflight mode's lists: the mode's own, else (the seed mode, for ends of
+        documents counted in the inflight mode, and for ``reset``) one built at first use:
+        registering its scripts connects, on a cluster."""
         if self.inflight is not None:
             return self.inflight
         if self._ends_only is None:

@@ -25,7 +25,6 @@ from .store.client_ids import normalize_client_id
 from .store.costs import cost_units
 from .store.counter import CounterState
 from .store.gate import GateState
-from .store.inflight import InflightCounter
 from .thresholds import Policy
 from .tiers import Tier
 
@@ -192,11 +191,9 @@ class PriorityRouter:
         client = self._client(client_id)
         with self._engine.explicit("reset", client):
             # Both modes' keys: a router switched from one mode leaves the other's until their
-            # idle reset.  Built here: registering the inflight scripts connects, on a cluster.
-            inflight = self._engine.inflight or InflightCounter(
-                self._engine.redis, self.config.key_prefix, self.config.reset_interval
-            )
-            return any([store.clear(client) for store in (self._engine.counter, inflight)])
+            # idle reset.
+            stores = (self._engine.counter, self._engine.inflight_lists())
+            return any([store.clear(client) for store in stores])
 
     def decide(self, client_id: str, task_id: str | None = None, cost: object = None) -> Decision:
         """Like :meth:`record`, but never raises: when the counter store fails the
