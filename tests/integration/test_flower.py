@@ -43,7 +43,10 @@ def test_flower_shows_client_and_priority(
 ) -> None:
     app = producer()
     with running_worker(worker_env, "--pool", "solo"):
-        wait_for(lambda: flower.get("/api/workers?refresh=1"))
+        # Flower builds its pages from events, and events sent before its receiver has
+        # subscribed are gone: wait until it has heard the worker itself (status=true reads
+        # Flower's event state; refresh=1 would only ask the worker over the broker).
+        wait_for(lambda: any(flower.get("/api/workers?status=true").values()))
         # acme's id travels only in a header; beta's in the task's own keyword argument.
         acme = [app.send_task("tests.record_request", headers={"client_id": "acme"}).id for _ in range(4)]
         beta = app.send_task("workers.process_document", kwargs={"client_id": "beta", "document_id": "b1"})
@@ -91,7 +94,10 @@ def test_flower_shows_why_a_held_document_has_not_started(
     PriorityRouter.from_env(worker_env).set_tier("bulk", max_in_flight=1)
     app = producer()
     with running_worker(worker_env, "--pool", "threads", "--concurrency", "2"):
-        wait_for(lambda: flower.get("/api/workers?refresh=1"))
+        # Flower builds its pages from events, and events sent before its receiver has
+        # subscribed are gone: wait until it has heard the worker itself (status=true reads
+        # Flower's event state; refresh=1 would only ask the worker over the broker).
+        wait_for(lambda: any(flower.get("/api/workers?status=true").values()))
         first = app.send_task("tests.hold_and_record", (3,), kwargs={"client_id": "bulk"})
         second = app.send_task("tests.hold_and_record", (0,), kwargs={"client_id": "bulk"})
 
