@@ -9,7 +9,7 @@ from typing import Any
 
 from celery import Celery
 from support.celery_versions import skip_without_fast_redelivery
-from support.services import FAST_REDELIVERY, close_app, kill_worker_mid_work, running_worker
+from support.services import close_app, fast_redelivery, kill_worker_mid_work, running_worker
 
 from priority_router import PriorityRouter
 from priority_router import headers as H
@@ -76,7 +76,7 @@ def test_inflight_costs_return_to_zero_after_every_end_even_a_killed_workers(
     skip_without_fast_redelivery(worker_env["BROKER_URL"])
     env = {**worker_env, "PRIORITY_ROUTER_MODE": "inflight"}
     if worker_env["BROKER_URL"].startswith("redis"):
-        env["BROKER_TRANSPORT_OPTIONS"] = FAST_REDELIVERY
+        env["BROKER_TRANSPORT_OPTIONS"] = fast_redelivery(env)
     app = _app(producer, env)
     router = _router(env)
     costs = [7, 1, 2.5, 1, 30, 0.5]

@@ -23,10 +23,10 @@ from support.broker import drain
 from support.celery_versions import skip_without_fast_redelivery
 from support.services import (
     COUNTER_DB,
-    FAST_REDELIVERY,
     EmbeddedRedis,
     close_app,
     counter_db_url,
+    fast_redelivery,
     free_port,
     kill_worker_mid_work,
     running_worker,
@@ -176,7 +176,7 @@ def test_a_killed_worker_loses_no_document(
     if redis_broker:
         # Redelivered after 3 s instead of an hour; swept every second instead of ~100 s.
         # (RabbitMQ requeues a dead connection's unacked messages at once.)
-        env["BROKER_TRANSPORT_OPTIONS"] = FAST_REDELIVERY
+        env["BROKER_TRANSPORT_OPTIONS"] = fast_redelivery(env)
     app = producer()
     ids = [app.send_task("tests.hold_and_record", (1.5,), headers={"client_id": "acme"}).id for _ in range(6)]
     kill_worker_mid_work(env, "--pool", "threads", "--concurrency", "2", timeout=30)

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
-from support.services import FAST_REDELIVERY, Worker, running_worker
+from support.services import Worker, fast_redelivery, running_worker
 
 from priority_router import PriorityRouter
 from priority_router.integration.holding import holding_queue_name, index_queue_name
@@ -102,7 +102,7 @@ def trial(
         "PRIORITY_ROUTER_COOLDOWN": "1",
     }
     if env["BROKER_URL"].startswith("redis"):
-        env["BROKER_TRANSPORT_OPTIONS"] = FAST_REDELIVERY  # a dead worker's: after 3 s
+        env["BROKER_TRANSPORT_OPTIONS"] = fast_redelivery(env)  # a dead worker's: after 3 s
     router = PriorityRouter.from_env(env, socket_timeout=5, connect_timeout=5)
     router.set_tier("bulk", max_in_flight=1)
     app = producer()

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
-from support.services import FAST_REDELIVERY, Worker, broker_db_url, running_worker
+from support.services import Worker, broker_db_url, fast_redelivery, running_worker
 
 from priority_router import PriorityRouter
 from priority_router.simulation.metrics import most_at_once
@@ -259,7 +259,7 @@ def test_a_killed_worker_leaves_every_held_and_running_document_run_and_its_slot
 ) -> None:
     env, seen = runs
     if env["BROKER_URL"].startswith("redis"):
-        env = {**env, "BROKER_TRANSPORT_OPTIONS": FAST_REDELIVERY}  # a dead worker's: after 3 s
+        env = {**env, "BROKER_TRANSPORT_OPTIONS": fast_redelivery(env)}  # a dead worker's: after 3 s
     router = _router(env)
     router.set_tier("bulk", max_in_flight=2)
     app = producer()

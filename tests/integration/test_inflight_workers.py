@@ -14,7 +14,7 @@ import redis
 from celery import Celery
 from celery.exceptions import TimeLimitExceeded, WorkerLostError
 from support.celery_versions import skip_without_fast_redelivery
-from support.services import FAST_REDELIVERY, free_port, kill_worker_mid_work, running_worker
+from support.services import fast_redelivery, free_port, kill_worker_mid_work, running_worker
 
 from priority_router import PriorityRouter
 from priority_router.router import engine_of
@@ -187,7 +187,7 @@ def test_a_killed_workers_documents_are_ended_exactly_once(
     skip_without_fast_redelivery(worker_env["BROKER_URL"])
     env = _env(worker_env)
     if worker_env["BROKER_URL"].startswith("redis"):
-        env["BROKER_TRANSPORT_OPTIONS"] = FAST_REDELIVERY
+        env["BROKER_TRANSPORT_OPTIONS"] = fast_redelivery(env)
     app = _app(producer, env)
     router = _router(env)
     ids = [app.send_task(HOLD, (1.5,), headers={"client_id": "acme"}).id for _ in range(6)]
