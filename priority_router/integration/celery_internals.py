@@ -118,6 +118,17 @@ def request_headers(request: Any) -> dict[str, Any] | None:
     return headers if isinstance(headers, dict) else None
 
 
+def request_call(request: Any) -> tuple[str, tuple[Any, ...], dict[str, Any]] | None:
+    """The task name, args and kwargs of a worker's request (Celery decodes the body when
+    the message arrives); None for an object without them."""
+    name = getattr(request, "task_name", None)
+    args = getattr(request, "args", None)
+    kwargs = getattr(request, "kwargs", None)
+    if not isinstance(name, str) or not isinstance(kwargs, dict):
+        return None
+    return name, tuple(args) if isinstance(args, list | tuple) else (), kwargs
+
+
 def wrap_task_requests(consumer: Any, wrap: Callable[[Callable[[Any], Any]], Callable[[Any], Any]]) -> None:
     """Have ``consumer`` hand each request to ``wrap(its own hand-off)`` instead: the wrapper
     may run the request (calling the hand-off) or keep it from the pool (returning None)."""

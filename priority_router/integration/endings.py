@@ -79,7 +79,7 @@ def end_document(
     if not isinstance(task_id, str) or not task_id:
         return False
     if app is not None and (unadmitted or _field(fields, H.GATED)):
-        end_gated(app, router, _Fields(fields), task_id, unadmitted)
+        end_gated(app, router, _Fields(fields), task_id, unadmitted, request=fields if unadmitted else None)
     if not _field(fields, H.INFLIGHT):
         return False
     client = normalize_client_id(_field(fields, router.config.client_id_header))

@@ -46,6 +46,7 @@ from ..store.gate import RECHECK, RELEASE_BATCH, REMEMBER_SENT_MS, Verdict, desc
 from ..store.limit_store import Snapshot
 from ..store.owed import OwedEnds
 from . import celery_internals
+from .clients import client_from_call
 from .flower import annotate_held
 from .holding import Held, Holding, HoldingUnavailable
 from .installation import installed_engine
@@ -264,9 +265,19 @@ class GateStep(bootsteps.Step):  # type: ignore[misc]  # Celery is untyped
         celery_internals.wrap_task_requests(parent, gated)
 
 
-def client_of(router: Engine, fields: Any) -> str | None:
+def client_of(router: Engine, fields: Any, request: Any = None) -> str | None:
+    """The document's client: its client id header, else (given its worker request) its
+    keyword argument or the ``client_id_getter``'s answer, as a publisher finds it.  A
+    non-router publisher (another language) may name the client only in the arguments."""
     value = fields.get(router.config.client_id_header) if isinstance(fields, Mapping) else None
-    return normalize_client_id(value)
+    client = normalize_client_id(value)
+    if client is not None or request is None:
+        return client
+    call = celery_internals.request_call(request)
+    if call is None or not isinstance(fields, Mapping):
+        return None
+    config = router.config
+    return client_from_call(config.client_id_kwarg, config.client_id_getter, *call, dict(fields))
 
 
 def admit(app: Celery, router: Engine, request: Any) -> bool:
@@ -275,10 +286,15 @@ def admit(app: Celery, router: Engine, request: Any) -> bool:
     headers = celery_internals.request_headers(request)
     if headers is None:
         return True
-    client = client_of(router, headers)
+    snapshot = router.limit_store.snapshot()
+    if not snapshot:
+        return True  # no client has limits: nothing to look up
+    client = client_of(router, headers, request)
     if client is None:
         return True
-    limits = router.limit_store.snapshot().of(client)
+    # Named here for the document's end and its lease, when only its arguments named it.
+    headers[router.config.client_id_header] = client
+    limits = snapshot.of(client)
     if not limits:
         return True
     gate = gate_of(app, router)
@@ -355,12 +371,15 @@ def held_reason(verdict: Verdict, limits: Limits) -> str:
     return f"held by its client's cap: max_cost_in_flight={limits.max_cost_in_flight:g} running"
 
 
-def end_gated(app: Celery, router: Engine, fields: Any, task_id: str, unadmitted: bool = False) -> None:
+def end_gated(
+    app: Celery, router: Engine, fields: Any, task_id: str, unadmitted: bool = False, request: Any = None
+) -> None:
     """The end of a document the gate admitted (``unadmitted``: or may hold a place for,
-    when its client has limits): free its slot, release what may start."""
+    when its client has limits, and ``request`` is its worker request): free its slot,
+    release what may start."""
     if not isinstance(fields, Mapping) or not (unadmitted or fields.get(H.GATED)):
         return
-    client = client_of(router, fields)
+    client = client_of(router, fields, request)
     if client is None:
         return
     limits = router.limit_store.snapshot().of(client)

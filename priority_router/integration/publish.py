@@ -36,6 +36,7 @@ from ..store.client_ids import normalize_client_id
 from ..thresholds import DEFAULT_THRESHOLDS, is_priority, table_name
 from .brokers import Transport, from_wire, to_wire
 from .celery_internals import tasks_running
+from .clients import client_from_call
 from .consumers import ConsumerWatch
 from .flower import annotate_kwargsrepr
 from .sender import publishing_app, republishing
@@ -310,14 +311,7 @@ class PublishReceiver:
         if client is not None:
             return client
         args, kwargs = _args_kwargs(body)
-        client = normalize_client_id(kwargs.get(self._kwarg))
-        if client is not None or self._getter is None:
-            return client
-        try:
-            return normalize_client_id(self._getter(task_name, args, kwargs, headers))
-        except Exception:
-            logger.exception("client_id_getter failed for %s; treating it as having no client", task_name)
-            return None
+        return client_from_call(self._kwarg, self._getter, task_name, args, kwargs, headers)
 
     def _parent_decision(self) -> Decision | None:
         app = self._app()

@@ -16,10 +16,11 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
-from support.services import Worker, broker_db_url, fast_redelivery, running_worker
+from support.services import Worker, broker_db_url, close_app, fast_redelivery, running_worker
 
 from priority_router import PriorityRouter
 from priority_router.simulation.metrics import most_at_once
+from workers.app import create_app
 
 TRACK = "tests.track_running"
 BOTH_BROKERS = pytest.mark.parametrize(
@@ -339,6 +340,28 @@ def test_a_held_document_revoked_gives_its_slot_back_when_released(
     assert after["started"] - ran["ended"] < 1.5
     assert int(seen.hget(env["RUNS_KEY"], f"run:{revoked.id}") or 0) == 0
     assert _settled(router, "bulk") == (0, 0)
+
+
+@BOTH_BROKERS
+def test_a_cap_holds_for_a_publisher_without_the_router_that_names_the_client_only_in_kwargs(
+    runs: tuple[dict[str, str], redis.Redis],
+) -> None:
+    """A publisher in another language (celery-node sends no headers) names the client only
+    in the task's keyword arguments: the workers' gate still finds it, as publishing does."""
+    env, seen = runs
+    _router(env).set_tier("bulk", max_in_flight=1)
+    plain = create_app({**env, "WORKERS_ROUTER": "off"})
+    plain.conf.task_queue_max_priority = 10  # declares the router's queue as the router does
+    try:
+        bulk = _send(plain, "bulk", 0.3, 5)
+        with running_worker(env, "--pool", "threads", "--concurrency", "3"):
+            for r in bulk:
+                r.get(timeout=60)
+    finally:
+        close_app(plain)
+    assert int(seen.hget(env["RUNS_KEY"], "max:bulk") or 0) == 1
+    assert _runs_of(seen, env, bulk) == [1] * 5
+    assert _settled(_router(env), "bulk") == (0, 0)
 
 
 @BOTH_BROKERS

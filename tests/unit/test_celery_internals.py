@@ -18,9 +18,9 @@ from kombu.message import Message
 from priority_router.integration import celery_internals as internals
 
 
-def _request(app: Celery) -> Request:
+def _request(app: Celery, body: bytes = b"[[], {}, {}]") -> Request:
     message = Message(
-        body=b"[[], {}, {}]",
+        body=body,
         content_type="application/json",
         content_encoding="utf-8",
         headers={"id": "t-1", "task": "doc", "lang": "py", "client_id": "acme"},
@@ -164,6 +164,12 @@ def test_request_headers_is_the_mapping_the_task_sees_and_takes_a_mark(app: Cele
     headers["priority_router_gated"] = True
     assert internals.request_headers(request)["priority_router_gated"] is True  # type: ignore[index]
     assert internals.request_headers(object()) is None
+
+
+def test_request_call_is_the_task_name_and_its_decoded_arguments(app: Celery) -> None:
+    request = _request(app, b'[["d1"], {"client_id": "beta"}, {}]')
+    assert internals.request_call(request) == ("doc", ("d1",), {"client_id": "beta"})
+    assert internals.request_call(object()) is None
 
 
 def test_a_consumers_hand_off_to_the_pool_can_be_wrapped_before_its_strategies_are_built(
