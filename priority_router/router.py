@@ -25,6 +25,7 @@ from .store.client_ids import normalize_client_id
 from .store.costs import cost_units
 from .store.counter import CounterState
 from .store.gate import GateState
+from .store.writes import in_one_write
 from .thresholds import Policy
 from .tiers import Tier
 
@@ -238,17 +239,26 @@ class PriorityRouter:
         :class:`ConfigurationError` for bad values, before anything is stored."""
         client = self._client(client_id)
         tier = Tier(weight, shift, fixed, Limits(max_in_flight, borrow, rate, burst, max_cost_in_flight))
-        with self._engine.explicit("set the tier of", client):
-            self._engine.tier_store.set(client, tier)
-            self._engine.limit_store.set(client, tier.limits)
+        engine = self._engine
+        with engine.explicit("set the tier of", client):
+            in_one_write(
+                engine.redis,
+                lambda w: engine.tier_store.set(client, tier, w),
+                lambda w: engine.limit_store.set(client, tier.limits, w),
+            )
         return tier
 
     def unset_tier(self, client_id: object) -> bool:
         """Remove the client's own tier (the default tier applies again); True if it had one."""
         client = self._client(client_id)
-        with self._engine.explicit("unset the tier of", client):
-            self._engine.limit_store.unset(client)
-            return self._engine.tier_store.unset(client)
+        engine = self._engine
+        with engine.explicit("unset the tier of", client):
+            *_, had = in_one_write(
+                engine.redis,
+                lambda w: engine.limit_store.unset(client, w),
+                lambda w: engine.tier_store.unset(client, w),
+            )
+            return bool(had)
 
     def tier(self, client_id: object) -> Tier | None:
         """The client's own tier with its limits, None when it has none."""
@@ -310,17 +320,26 @@ class PriorityRouter:
                 "give weight, shift, fixed or a limit; to remove the default tier, call unset_default_tier()",
             )
         self._follow_apps()
-        with self._engine.explicit("set the default tier for", "every client"):
-            self._engine.tier_store.set_default(tier)
-            self._engine.limit_store.set_default(tier.limits)
+        engine = self._engine
+        with engine.explicit("set the default tier for", "every client"):
+            in_one_write(
+                engine.redis,
+                lambda w: engine.tier_store.set_default(tier, w),
+                lambda w: engine.limit_store.set_default(tier.limits, w),
+            )
         return tier
 
     def unset_default_tier(self) -> bool:
         """Remove the default tier and its limits; whether there was one."""
         self._follow_apps()
-        with self._engine.explicit("unset the default tier for", "every client"):
-            had_limits = self._engine.limit_store.set_default(NONE)
-            return self._engine.tier_store.unset_default() or had_limits
+        engine = self._engine
+        with engine.explicit("unset the default tier for", "every client"):
+            had_limits, _, had_tier = in_one_write(
+                engine.redis,
+                lambda w: engine.limit_store.set_default(NONE, w),
+                lambda w: engine.tier_store.unset_default(w),
+            )
+            return bool(had_tier or had_limits)
 
     def default_tier(self) -> Tier | None:
         """The tier (with its limits) of every client without a tier of its own, or None."""

@@ -25,6 +25,7 @@ from ..errors import ConfigurationError
 from ..forks import renew_after_fork
 from ..limits import NONE, Limits, decode
 from .client_ids import default_limits_key, limits_key, limits_version_key
+from .writes import Writes
 
 logger = logging.getLogger("priority_router")
 
@@ -71,28 +72,28 @@ class LimitStore:
         # The parent's gate thread reads the limits under this lock every quarter second.
         self._lock = threading.Lock()
 
-    def set(self, client_id: str, limits: Limits) -> None:
-        self._redis.hset(self._hash, client_id, limits.encode())
-        self._redis.incr(self._version)
+    def set(self, client_id: str, limits: Limits, writes: Writes) -> None:
+        """Queue the client's limits in ``writes`` (the tier change's transaction)."""
+        writes.hset(self._hash, client_id, limits.encode())
+        writes.incr(self._version)
 
-    def unset(self, client_id: str) -> None:
-        self._redis.hdel(self._hash, client_id)
-        self._redis.incr(self._version)
+    def unset(self, client_id: str, writes: Writes) -> None:
+        writes.hdel(self._hash, client_id)
+        writes.incr(self._version)
 
     def get(self, client_id: str) -> Limits | None:
         """The limits of the client's own tier, None when it has no entry."""
         stored = self._redis.hget(self._hash, client_id)
         return None if stored is None else decode(stored)
 
-    def set_default(self, limits: Limits) -> bool:
-        """Store the default limits (none: remove them); True when some were stored before."""
-        had = bool(self._redis.exists(self._default))
+    def set_default(self, limits: Limits, writes: Writes) -> None:
+        """Queue the default limits (none: their removal; its reply, whether some were
+        stored) and the version's rise."""
         if limits:
-            self._redis.set(self._default, limits.encode())
+            writes.set(self._default, limits.encode())
         else:
-            self._redis.delete(self._default)
-        self._redis.incr(self._version)
-        return had
+            writes.delete(self._default)
+        writes.incr(self._version)
 
     def get_default(self) -> Limits:
         stored = self._redis.get(self._default)

@@ -29,6 +29,7 @@ from .client_ids import (
     tier_key,
     tiers_in_use_key,
 )
+from .writes import Writes
 
 logger = logging.getLogger("priority_router")
 
@@ -66,34 +67,37 @@ class TierStore:
         stored = self.stored(client_id)
         return None if stored is None else decode(stored)
 
-    def set(self, client_id: str, tier: Tier) -> None:
+    def set(self, client_id: str, tier: Tier, writes: Writes) -> None:
+        """Queue the client's tier in ``writes`` (the tier change's transaction)."""
         # A tier that adjusts no priority (only limits, or --neutral) matters to publishers
         # only beside a default tier, which marks the deployment itself: until then their
         # checks stay bare.
         if tier.encode():
             self._mark_in_use()
-        self._redis.set(self.key(client_id), tier.encode())
+        writes.set(self.key(client_id), tier.encode())
 
-    def unset(self, client_id: str) -> bool:
-        return bool(self._redis.delete(self.key(client_id)))
+    def unset(self, client_id: str, writes: Writes) -> None:
+        """Queue the removal of the client's tier; its reply: whether it had one."""
+        writes.delete(self.key(client_id))
 
     def get_default(self) -> Tier | None:
         stored = self._redis.get(self._default_key)
         return None if stored is None else decode(stored)
 
-    def set_default(self, tier: Tier) -> None:
-        """Store the default tier's priority part; one that adjusts no priority (limits
+    def set_default(self, tier: Tier, writes: Writes) -> None:
+        """Queue the default tier's priority part; one that adjusts no priority (limits
         only) is no default tier for publishers, and any stored one goes."""
         if not tier.encode():
-            self.unset_default()
+            self.unset_default(writes)
             return
         self._mark_in_use()
-        self._redis.set(self._default_key, tier.encode())
+        writes.set(self._default_key, tier.encode())
         self._cached, self._cached_until = tier, time.monotonic() + self.refresh
 
-    def unset_default(self) -> bool:
+    def unset_default(self, writes: Writes) -> None:
+        """Queue the removal of the default tier; its reply: whether there was one."""
         self._cached, self._cached_until = None, time.monotonic() + self.refresh
-        return bool(self._redis.delete(self._default_key))
+        writes.delete(self._default_key)
 
     def in_use(self) -> bool:
         """Whether any tier has been stored, as this process last read it.  A failed read
@@ -108,7 +112,8 @@ class TierStore:
         return self._cached
 
     def _mark_in_use(self) -> None:
-        # Written before the tier itself, so a publisher that sees a tier also sees the marker.
+        # Written before the tier's transaction (on a cluster the marker may live on another
+        # master), so a publisher that sees a tier also sees the marker.
         self._redis.set(self._marker, "1")
         self._in_use = True
 

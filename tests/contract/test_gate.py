@@ -275,10 +275,11 @@ def test_a_workers_snapshot_reads_limits_only_once_some_are_stored(
     client: redis.Redis, key_prefix: str
 ) -> None:
     from priority_router.store.limit_store import LimitStore, Snapshot
+    from priority_router.store.writes import in_one_write
 
     worker, operator = LimitStore(client, key_prefix, refresh=0), LimitStore(client, key_prefix)
     assert worker.snapshot() == Snapshot()
-    operator.set("acme", Limits(max_in_flight=2))
+    in_one_write(client, lambda w: operator.set("acme", Limits(max_in_flight=2), w))
     assert worker.snapshot().of("acme") == Limits(max_in_flight=2)
-    operator.set_default(Limits(rate="5/s"))
+    in_one_write(client, lambda w: operator.set_default(Limits(rate="5/s"), w))
     assert worker.snapshot().of("anyone") == Limits(rate="5/s")

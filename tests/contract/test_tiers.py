@@ -244,3 +244,47 @@ def test_limits_leave_every_publish_exactly_as_it_was(
     assert (decision.priority, decision.tier) == (1, None)
     assert operator.default_tier() == Tier(limits=Limits(max_in_flight=10, borrow=True))
     assert operator.tier("acme") == Tier(limits=Limits(max_in_flight=3, rate="5/s"))
+
+
+def _transactions(sent: list[list[bytes]]) -> list[bytes]:
+    return [payload for payload in (b"".join(c) for c in sent) if payload.startswith(b"*1\r\n$5\r\nMULTI")]
+
+
+def test_a_tier_and_its_limits_change_in_one_transaction(
+    client: redis.Redis, key_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    router = make(client, key_prefix)
+    router.set_tier("acme", weight=2, max_in_flight=1)
+    router.set_default_tier(shift=1, rate="5/s")
+    sent = record_sends(client, monkeypatch)
+    for change in (
+        lambda: router.set_tier("acme", weight=3, max_in_flight=2),
+        lambda: router.unset_tier("acme"),
+        lambda: router.set_default_tier(shift=2, rate="9/s"),
+        lambda: router.unset_default_tier(),
+    ):
+        sent.clear()
+        change()
+        (transaction,) = _transactions(sent)
+        assert transaction.endswith(b"EXEC\r\n")
+        # The tier's key and the limits (the hash, or the default's key) in the same one.
+        assert transaction.count(key_prefix.encode()) >= 3, transaction
+    assert router.tier("acme") is None and router.default_tier() is None
+
+
+@pytest.mark.integration
+def test_a_tier_change_cut_before_its_exec_changes_neither_the_tier_nor_its_limits(
+    real_redis: redis.Redis, key_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from support.redis_wire import send_cut_before_exec
+
+    router = make(real_redis, key_prefix)
+    router.set_tier("acme", weight=2, max_in_flight=1)
+    sent = record_sends(real_redis, monkeypatch)
+    router.set_tier("acme", weight=3, max_in_flight=2)
+    (transaction,) = _transactions(sent)
+    router.set_tier("acme", weight=2, max_in_flight=1)
+    send_cut_before_exec(real_redis, transaction)  # the operator's process dies mid-change
+    tier = router.tier("acme")
+    assert tier is not None and (tier.weight, tier.limits.max_in_flight) == (2, 1)
+    assert router.limits("acme").max_in_flight == 1
