@@ -52,9 +52,25 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.compat)
 
 
+#: Seconds spent per test file (setup, call and teardown), for the terminal summary.
+_FILE_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    path = report.nodeid.split("::")[0]
+    _FILE_SECONDS[path] = _FILE_SECONDS.get(path, 0.0) + report.duration
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     for line in _SWEEP_REPORT:
         terminalreporter.write_line(f"priority-router tests: {line}")
+    total = sum(_FILE_SECONDS.values())
+    if total >= 60:  # a long run: say where its time went
+        terminalreporter.write_sep("-", "where the time went: the 15 slowest files")
+        for path, seconds in sorted(_FILE_SECONDS.items(), key=lambda kv: -kv[1])[:15]:
+            terminalreporter.write_line(f"{seconds:7.1f} s {100 * seconds / total:5.1f}%  {path}")
+        unit = sum(v for k, v in _FILE_SECONDS.items() if not k.startswith("tests/integration/"))
+        terminalreporter.write_line(f"{unit:7.1f} s {100 * unit / total:5.1f}%  every unit and contract test")
 
 
 @pytest.fixture(scope="session")

@@ -3,84 +3,28 @@
 The same random sequence of (time, client) publishes and ends goes through the router's
 real ``Counter`` / ``InflightCounter`` and through ``SeedCount`` / ``InflightCount``; every
 answer and every read must be identical.  On fakeredis the clock is driven (thousands of
-events, gaps landing exactly on the reset interval); on fakeredis and a real Redis with
-real sleeps, the gaps keep 100 ms clear of the interval, and the simulator is given the
-clock readings taken just before each command.
+events, gaps landing exactly on the reset interval); on a real Redis, with real sleeps,
+tests/integration/test_simulation_real_time.py.
 """
 
 from __future__ import annotations
 
 import random
-import time
 import types
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from itertools import pairwise
 
 import fakeredis
 import fakeredis._socket._base as fake_socket
 import pytest
 import redis
+from support.counter_replay import CLIENTS, Step, replay_inflight, replay_seed, sequence
 
 from priority_router import DEFAULT_THRESHOLDS
 from priority_router.simulation.counters import InflightCount, SeedCount
 from priority_router.store.costs import ONE, as_count, cost_units
 from priority_router.store.counter import Counter
 from priority_router.store.inflight import InflightCounter
-
-CLIENTS = ("acme", "globex", "initech")
-
-#: One step of a sequence: (tick, client, "publish" or "end", task id)
-Step = tuple[int, str, str, str]
-
-
-def sequence(seed: int, ticks: int, per_tick: int, pause: float) -> list[Step]:
-    """Random publishes and ends: each tick, up to ``per_tick`` steps of random clients,
-    and with probability ``pause`` none (so clients go idle past the interval)."""
-    rng = random.Random(seed)
-    steps: list[Step] = []
-    published: dict[str, list[str]] = {c: [] for c in CLIENTS}
-    for tick in range(ticks):
-        if rng.random() < pause:
-            continue
-        for _ in range(rng.randint(1, per_tick)):
-            client = rng.choice(CLIENTS)
-            mine = published[client]
-            if mine and rng.random() < 0.45:
-                # Oldest first mostly; sometimes a stale or never-published id, whose end
-                # still re-arms the list's TTL in Redis.
-                roll = rng.random()
-                task = mine.pop(0) if roll < 0.7 else mine.pop() if roll < 0.9 else f"ghost-{uuid.uuid4()}"
-                steps.append((tick, client, "end", task))
-            else:
-                task = str(uuid.uuid4())
-                mine.append(task)
-                steps.append((tick, client, "publish", task))
-    return steps
-
-
-def replay_seed(steps: list[Step], counter: Counter, model: SeedCount, now: Callable[[int], float]) -> None:
-    for tick, client, _, _ in steps:
-        t = now(tick)
-        got = counter.record(client)
-        assert got == model.record(client, t), (tick, client)
-        for other in CLIENTS:
-            assert counter.read(other).pending == model.pending(other, t), (tick, other)
-
-
-def replay_inflight(
-    steps: list[Step], counter: InflightCounter, model: InflightCount, now: Callable[[int], float]
-) -> None:
-    for tick, client, action, task in steps:
-        t = now(tick)
-        if action == "publish":
-            assert counter.record(client, task) == model.record(client, task, t), (tick, client, action)
-        else:
-            ended = counter.end(client, task) is not None
-            assert ended == model.end(client, task, t), (tick, client, action)
-        for other in CLIENTS:
-            assert counter.read(other).pending == model.pending(other, t), (tick, other)
-
 
 # -- the semantics, stated -----------------------------------------------------------------
 
@@ -184,44 +128,6 @@ def test_inflight_count_matches_the_redis_list_on_a_driven_clock(
         return tick * GRID
 
     replay_inflight(steps, counter, InflightCount(INTERVAL), now)
-
-
-@pytest.fixture(params=["fakeredis", pytest.param("redis", marks=pytest.mark.integration)])
-def store(request: pytest.FixtureRequest) -> redis.Redis:
-    return request.getfixturevalue("fake_redis" if request.param == "fakeredis" else "real_redis")
-
-
-# Real sleeps: ticks 0.2 s apart and a 0.5 s interval, so an idle gap is 0.4 s or 0.6 s,
-# 100 ms clear of the interval on either side.
-TICK = 0.2
-REAL_INTERVAL = 0.5
-
-
-def sleeping_clock() -> Callable[[int], float]:
-    start = time.time()
-
-    def now(tick: int) -> float:
-        delay = start + tick * TICK - time.time()
-        if delay > 0:
-            time.sleep(delay)
-        return time.time()
-
-    return now
-
-
-def test_seed_count_matches_the_redis_counter_in_real_time(store: redis.Redis, key_prefix: str) -> None:
-    steps = sequence(11, ticks=16, per_tick=3, pause=0.35)
-    replay_seed(steps, Counter(store, key_prefix, REAL_INTERVAL), SeedCount(REAL_INTERVAL), sleeping_clock())
-
-
-def test_inflight_count_matches_the_redis_list_in_real_time(store: redis.Redis, key_prefix: str) -> None:
-    steps = sequence(12, ticks=16, per_tick=3, pause=0.35)
-    replay_inflight(
-        steps,
-        InflightCounter(store, key_prefix, REAL_INTERVAL),
-        InflightCount(REAL_INTERVAL),
-        sleeping_clock(),
-    )
 
 
 # -- counting by cost ----------------------------------------------------------------------
