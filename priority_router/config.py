@@ -211,7 +211,8 @@ class RouterConfig:
             raise ConfigurationError(
                 "consumer_check_interval",
                 f"{interval!r} is not a number of seconds >= 0",
-                "use seconds between checks (60 by default), or 0 to turn the check off",
+                "use seconds between checks (such as 60), or 0, the default, to leave the check "
+                "to worker starts and doctor",
             )
         set_(self, "consumer_check_interval", float(interval))
         set_(self, "connect_timeout", _positive("connect_timeout", self.connect_timeout))
