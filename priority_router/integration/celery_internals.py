@@ -16,7 +16,9 @@ documents these as public, so each has a test that fails when a release changes 
 - the consumer's hand-off of each request to the pool (``Consumer.on_task_request``), which
   the gate wraps;
 - the worker's prefetch multiplier (``WorkController.prefetch_multiplier``), which the
-  consumer is built from after ``worker_init``.
+  consumer is built from after ``worker_init``;
+- the consumer's prefetch window (``Consumer.qos``, ``Consumer.initial_prefetch_count``),
+  which ``window.py`` widens by one document while documents are short.
 """
 
 from __future__ import annotations
@@ -141,4 +143,20 @@ def set_prefetch_multiplier(worker: Any, multiplier: int) -> bool:
     if getattr(worker, "prefetch_multiplier", multiplier) == multiplier:
         return False
     worker.prefetch_multiplier = multiplier
+    return True
+
+
+def widen_prefetch(consumer: Any, extra: int) -> bool:
+    """Change a started consumer's prefetch window by ``extra`` documents (negative:
+    narrow it back), at the broker too; Celery's own changes (ETA documents) add and take
+    their own, so the window moves by deltas.  False when it has no window (prefetch
+    disabled), and nothing changes."""
+    qos = getattr(consumer, "qos", None)
+    if qos is None or not getattr(consumer, "initial_prefetch_count", 0):
+        return False
+    if extra >= 0:
+        qos.increment_eventually(extra)
+    else:
+        qos.decrement_eventually(-extra)
+    qos.update()
     return True
