@@ -253,7 +253,7 @@ class PriorityRouter:
         client = self._client(client_id)
         engine = self._engine
         with engine.explicit("unset the tier of", client):
-            *_, had = in_one_write(
+            _, (had, *_) = in_one_write(
                 engine.redis,
                 lambda w: engine.limit_store.unset(client, w),
                 lambda w: engine.tier_store.unset(client, w),
@@ -334,7 +334,7 @@ class PriorityRouter:
         self._follow_apps()
         engine = self._engine
         with engine.explicit("unset the default tier for", "every client"):
-            had_limits, _, had_tier = in_one_write(
+            (had_limits, *_), (had_tier, *_) = in_one_write(
                 engine.redis,
                 lambda w: engine.limit_store.set_default(NONE, w),
                 lambda w: engine.tier_store.unset_default(w),

@@ -87,8 +87,8 @@ class LimitStore:
         return None if stored is None else decode(stored)
 
     def set_default(self, limits: Limits, writes: Writes) -> None:
-        """Queue the default limits (none: their removal; its reply, whether some were
-        stored) and the version's rise."""
+        """Queue the default limits (none: their removal; its first reply, whether some
+        were stored) and the version's rise."""
         if limits:
             writes.set(self._default, limits.encode())
         else:

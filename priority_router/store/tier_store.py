@@ -77,7 +77,7 @@ class TierStore:
         writes.set(self.key(client_id), tier.encode())
 
     def unset(self, client_id: str, writes: Writes) -> None:
-        """Queue the removal of the client's tier; its reply: whether it had one."""
+        """Queue the removal of the client's tier; its first reply: whether it had one."""
         writes.delete(self.key(client_id))
 
     def get_default(self) -> Tier | None:
@@ -95,7 +95,7 @@ class TierStore:
         self._cached, self._cached_until = tier, time.monotonic() + self.refresh
 
     def unset_default(self, writes: Writes) -> None:
-        """Queue the removal of the default tier; its reply: whether there was one."""
+        """Queue the removal of the default tier; its first reply: whether there was one."""
         self._cached, self._cached_until = None, time.monotonic() + self.refresh
         writes.delete(self._default_key)
 

@@ -4,12 +4,13 @@ ever sees the new tier with the old limits, or a change half made by a publisher
 between two writes.
 
 On a Redis Cluster the two live in different hash slots, which no transaction spans: the
-writes go in one pipeline, tier first, and a reader may see the tier up to one round trip
-before the limits (workers read limits at most every second anyway)."""
+writes go in one pipeline, and a reader may see one a round trip before the other (workers
+read limits at most every second anyway)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import pairwise
 from typing import Any
 
 import redis
@@ -22,10 +23,12 @@ from .connection import is_cluster
 Writes = Pipeline | ClusterPipeline
 
 
-def in_one_write(client: redis.Redis, *steps: Callable[[Writes], None]) -> list[Any]:
-    """Run ``steps`` (each queues writes) as one transaction; their replies, in order."""
+def in_one_write(client: redis.Redis, *steps: Callable[[Writes], None]) -> list[list[Any]]:
+    """Run ``steps`` (each queues writes) as one transaction; each step's replies, in order."""
     with client.pipeline(transaction=not is_cluster(client)) as writes:
+        ends = []
         for step in steps:
             step(writes)
+            ends.append(len(writes))
         replies: list[Any] = writes.execute()
-    return replies
+    return [replies[start:end] for start, end in pairwise([0, *ends])]
