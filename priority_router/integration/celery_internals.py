@@ -146,17 +146,17 @@ def set_prefetch_multiplier(worker: Any, multiplier: int) -> bool:
     return True
 
 
-def widen_prefetch(consumer: Any, extra: int) -> bool:
-    """Change a started consumer's prefetch window by ``extra`` documents (negative:
-    narrow it back), at the broker too; Celery's own changes (ETA documents) add and take
+def resize_prefetch(consumer: Any, by: int) -> bool:
+    """Change a started consumer's prefetch window by ``by`` documents (negative: narrow
+    it), at the broker too; Celery's own changes (ETA documents) add and take
     their own, so the window moves by deltas.  False when it has no window (prefetch
     disabled), and nothing changes."""
     qos = getattr(consumer, "qos", None)
     if qos is None or not getattr(consumer, "initial_prefetch_count", 0):
         return False
-    if extra >= 0:
-        qos.increment_eventually(extra)
+    if by >= 0:
+        qos.increment_eventually(by)
     else:
-        qos.decrement_eventually(-extra)
+        qos.decrement_eventually(-by)
     qos.update()
     return True

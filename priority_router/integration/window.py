@@ -58,22 +58,23 @@ class ShortDocuments:
         self._consumer = consumer
         self._slots = slots
         self._clock = clock
-        self._receipts: collections.deque[float] = collections.deque(maxlen=2 * slots + 1)
+        self._needed = 2 * slots + 1
+        self._receipts: collections.deque[float] = collections.deque(maxlen=self._needed)
         self.wide = False
 
     def received(self) -> None:
         self._receipts.append(self._clock())
-        if len(self._receipts) < self._receipts.maxlen:  # type: ignore[operator]
+        if len(self._receipts) < self._needed:
             return
         span = self._receipts[-1] - self._receipts[-1 - self._slots]
         # The state changes before the broker is told: telling it waits for its reply, and
         # the receipts that arrive meanwhile come back here.
         if not self.wide and span < SHORT:
             self.wide = True
-            self.wide = celery_internals.widen_prefetch(self._consumer, 1)
+            self.wide = celery_internals.resize_prefetch(self._consumer, 1)
         elif self.wide and span > 2 * SHORT:
             self.wide = False
-            celery_internals.widen_prefetch(self._consumer, -1)
+            celery_internals.resize_prefetch(self._consumer, -1)
 
 
 def watch_window(app: Celery) -> None:
