@@ -23,9 +23,13 @@ check: $(STAMP)
 	$(BIN)/python -m pytest tests/unit tests/contract -q $(PYTEST_ARGS)
 
 ## Unit and integration tests; starts a throwaway Redis when none answers.  The shapes
-## matrix's fast rows run here; `make shapes` runs all of it.
+## matrix's fast rows run here; `make shapes` runs all of it.  The tests mostly wait on
+## workers, so TEST_PROCESSES pytest processes share them out a file at a time, each on
+## Redis databases and a RabbitMQ vhost of its own (tests/support/services.py);
+## TEST_PROCESSES=0 runs them in this one process.
+TEST_PROCESSES ?= 3
 test: $(STAMP)
-	$(BIN)/python -m pytest -m "not matrix" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not matrix" -n $(TEST_PROCESSES) --dist loadfile $(PYTEST_ARGS)
 
 ## The whole shapes matrix: every worker pool x both brokers x every settings source, each
 ## row a real publisher, worker and CLI (about 6 minutes).

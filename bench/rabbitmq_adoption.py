@@ -40,8 +40,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from support.rabbitmq_migration import Publisher, publish_backlog, ran, run_migrate, temporary_vhost  # noqa: E402
-from support.services import Worker, ensure_rabbitmq  # noqa: E402
+from support.rabbitmq_migration import Publisher, publish_backlog, ran, run_migrate  # noqa: E402
+from support.services import Worker, ensure_rabbitmq, temporary_vhost  # noqa: E402
 
 from bench.provenance import code_version  # noqa: E402
 from workers.local_redis import start_embedded_redis  # noqa: E402
@@ -193,7 +193,7 @@ def main() -> None:
     redis_server = start_embedded_redis()
     try:
         rows = []
-        with temporary_vhost(args.amqp) as url:
+        with temporary_vhost(args.amqp, "pr-migrate") as url:
             for target in args.targets.split(","):
                 rows.append(one_direction(target, args, url, redis_server.url + "/0"))
         cost = check_cost(redis_server.url + "/0")

@@ -13,10 +13,12 @@ from support.redis_sweep import KeySweep, delete_prefixed
 from support.services import (
     IN_CI,
     TEST_DATABASES,
+    XDIST_WORKER,
     counter_db_url,
     ensure_rabbitmq,
     redis_answers,
     start_embedded_redis,
+    temporary_vhost,
 )
 
 AMQP_URL = os.environ.get("PRIORITY_ROUTER_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
@@ -66,7 +68,9 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_line(f"priority-router tests: {line}")
     total = sum(_FILE_SECONDS.values())
     if total >= 60:  # a long run: say where its time went
-        terminalreporter.write_sep("-", "where the time went: the 15 slowest files")
+        processes = terminalreporter.config.getoption("numprocesses", None) or 0
+        spread = f", {total:.0f} s over {processes} processes" if processes > 1 else ""
+        terminalreporter.write_sep("-", f"where the time went: the 15 slowest files{spread}")
         for path, seconds in sorted(_FILE_SECONDS.items(), key=lambda kv: -kv[1])[:15]:
             terminalreporter.write_line(f"{seconds:7.1f} s {100 * seconds / total:5.1f}%  {path}")
         unit = sum(v for k, v in _FILE_SECONDS.items() if not k.startswith("tests/integration/"))
@@ -88,13 +92,25 @@ def redis_server_url() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def amqp_url() -> str:
+def amqp_url() -> Iterator[str]:
+    """The RabbitMQ the tests use; under pytest-xdist, a vhost of this process's own, so
+    processes never hear each other's workers on the remote-control exchanges."""
     reason = ensure_rabbitmq(AMQP_URL)
     if reason is not None:
         if IN_CI:
             pytest.fail(f"RabbitMQ is required in CI: {reason}")
         pytest.skip(reason)
-    return AMQP_URL
+    if XDIST_WORKER is None:
+        yield AMQP_URL
+        return
+    with temporary_vhost(AMQP_URL, f"pr-test-{XDIST_WORKER}") as url:
+        if url == AMQP_URL:
+            pytest.fail(
+                "make test runs its RabbitMQ tests in parallel, each process on a vhost of its own, "
+                "and rabbitmqctl could not make one: run it where rabbitmqctl works, or in one "
+                "process: make test TEST_PROCESSES=0"
+            )
+        yield url
 
 
 @pytest.fixture(scope="session")

@@ -96,7 +96,7 @@ def trial(
     key = f"runs-{uuid.uuid4().hex[:8]}"
     env = {
         **worker_env,
-        "RUNS_REDIS_URL": redis_url_of(worker_env["RESULT_BACKEND"]),
+        "RUNS_REDIS_URL": worker_env["RESULT_BACKEND"],
         "RUNS_KEY": key,
         "PRIORITY_ROUTER_LEASE": "5",
         "PRIORITY_ROUTER_COOLDOWN": "1",
@@ -115,10 +115,6 @@ def trial(
         prefix = env["PRIORITY_ROUTER_KEY_PREFIX"]
         for queue in (holding_queue_name(prefix, "bulk"), index_queue_name(prefix)):
             conn.default_channel.queue_delete(queue)
-
-
-def redis_url_of(url: str) -> str:
-    return url if url.startswith("redis") else "redis://127.0.0.1:6379/15"
 
 
 def _send(app: Celery, n: int, seconds: float) -> list[Any]:
@@ -266,7 +262,7 @@ def test_a_sentinel_failover_with_documents_held_loses_none_and_the_capped_clien
     with running_sentinel(executable) as sentinel:
         worker_env["PRIORITY_ROUTER_REDIS_URL"] = sentinel.url(0)
         key = f"runs-{uuid.uuid4().hex[:8]}"
-        env = {**worker_env, "RUNS_REDIS_URL": redis_url_of(worker_env["RESULT_BACKEND"]), "RUNS_KEY": key}
+        env = {**worker_env, "RUNS_REDIS_URL": worker_env["RESULT_BACKEND"], "RUNS_KEY": key}
         runs = redis.Redis.from_url(env["RUNS_REDIS_URL"])
         router = PriorityRouter.from_env(env, socket_timeout=5, connect_timeout=5)
         router.set_tier("bulk", max_in_flight=2)

@@ -30,9 +30,16 @@ from support.rabbitmq_migration import (
     queue_contents,
     ran,
     run_migrate,
-    temporary_vhost,
 )
-from support.services import ROOT, Worker, close_app, counter_db_url, worker_command, worker_environment
+from support.services import (
+    ROOT,
+    Worker,
+    close_app,
+    counter_db_url,
+    temporary_vhost,
+    worker_command,
+    worker_environment,
+)
 
 from priority_router import headers as H
 from priority_router.integration.publisher_pause import migrations_key
@@ -50,7 +57,7 @@ STALL_BOUND = 4.0
 
 @pytest.fixture(scope="module")
 def vhost_url(amqp_url: str) -> Iterator[str]:
-    with temporary_vhost(amqp_url) as url:
+    with temporary_vhost(amqp_url, "pr-migrate") as url:
         yield url
 
 

@@ -6,47 +6,20 @@ from __future__ import annotations
 import collections
 import json
 import re
-import shutil
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from support.services import ROOT, LoggedProcess
 
 #: A worker's line for each document it ran.
 _SUCCEEDED = re.compile(r"Task workers\.hold_document\[([^\]]+)\] succeeded")
-
-
-def _rabbitmqctl(*args: str) -> bool:
-    ctl = shutil.which("rabbitmqctl")
-    if ctl is None:
-        return False
-    done = subprocess.run([ctl, *args], capture_output=True, text=True, timeout=60)
-    return done.returncode == 0
-
-
-@contextmanager
-def temporary_vhost(amqp_url: str, user: str = "guest") -> Iterator[str]:
-    """``amqp_url`` on a new vhost of its own (deleted afterwards, with all in it), made
-    with ``rabbitmqctl``; ``amqp_url`` itself where that cannot be done (the callers use
-    queue names of their own anyway)."""
-    name = f"pr-migrate-{uuid.uuid4().hex[:8]}"
-    if not _rabbitmqctl("add_vhost", name):
-        yield amqp_url
-        return
-    try:
-        _rabbitmqctl("set_permissions", "-p", name, user, ".*", ".*", ".*")
-        parts = urlsplit(amqp_url)
-        yield urlunsplit((parts.scheme, parts.netloc, "/" + quote(name, safe=""), "", ""))
-    finally:
-        _rabbitmqctl("delete_vhost", name)
 
 
 @dataclass(frozen=True)

@@ -12,11 +12,12 @@ import sys
 import tempfile
 import time
 import urllib.request
+import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit, urlunsplit
 
 from workers.local_redis import (  # noqa: F401 - re-exported for tests, bench, scripts
     EmbeddedRedis,
@@ -39,7 +40,29 @@ TEST_REDIS_URL = (
     or os.environ.get("REDIS_URL")
     or "redis://127.0.0.1:6379"
 )
-TEST_DATABASES = RedisDatabases.from_url(TEST_REDIS_URL)
+#: pytest-xdist's name for this process ("gw0", "gw1", ...; ``make test`` runs several), or
+#: None in a plain ``pytest`` run.
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+
+
+def _own_databases(configured: RedisDatabases) -> RedisDatabases:
+    """The three databases of this xdist process: the configured ones for the first, the
+    three below them for the next and so on (13-15, 10-12, 7-9, ...; upwards from a low
+    first database), so processes never share a broker's keys, a key sweep or a
+    remote-control channel."""
+    if XDIST_WORKER is None:
+        return configured
+    n = int(XDIST_WORKER.removeprefix("gw"))
+    first = configured.first - 3 * n if configured.first >= 3 * n else configured.first + 3 * n
+    if first + 2 > 15:
+        raise RuntimeError(
+            f"pytest-xdist process {XDIST_WORKER} has no three Redis databases of its own left "
+            f"(from database {configured.first} of {TEST_REDIS_URL}): run fewer processes (-n)"
+        )
+    return RedisDatabases(configured.server, first, configured.query)
+
+
+TEST_DATABASES = _own_databases(RedisDatabases.from_url(TEST_REDIS_URL))
 #: The router's counter store, the Celery broker and the result backend of every test.
 COUNTER_DB, BROKER_DB, RESULTS_DB = TEST_DATABASES.numbers
 
@@ -84,6 +107,31 @@ def ensure_rabbitmq(url: str, timeout: float = 90) -> str | None:
             return None
         time.sleep(1)
     return f"rabbitmq-server was started but {url} did not answer within {timeout:.0f} s"
+
+
+def _rabbitmqctl(*args: str) -> bool:
+    ctl = shutil.which("rabbitmqctl")
+    if ctl is None:
+        return False
+    done = subprocess.run([ctl, *args], capture_output=True, text=True, timeout=60)
+    return done.returncode == 0
+
+
+@contextmanager
+def temporary_vhost(amqp_url: str, name: str = "pr-test", user: str = "guest") -> Iterator[str]:
+    """``amqp_url`` on a new vhost of its own (``name`` plus a random suffix; deleted
+    afterwards, with all in it), made with ``rabbitmqctl``; ``amqp_url`` itself where that
+    cannot be done."""
+    name = f"{name}-{uuid.uuid4().hex[:8]}"
+    if not _rabbitmqctl("add_vhost", name):
+        yield amqp_url
+        return
+    try:
+        _rabbitmqctl("set_permissions", "-p", name, user, ".*", ".*", ".*")
+        parts = urlsplit(amqp_url)
+        yield urlunsplit((parts.scheme, parts.netloc, "/" + quote(name, safe=""), "", ""))
+    finally:
+        _rabbitmqctl("delete_vhost", name)
 
 
 def worker_command(*args: str, app: str = "workers.app") -> list[str]:
