@@ -412,7 +412,7 @@ def report(plain: RunResult, routed: RunResult, chart: Path) -> None:
         )
         return
     _chart(plain, routed, chart)
-    console.print(f"Chart: {chart}")
+    console.print(f"Chart: {chart}", soft_wrap=True)
 
 
 def _chart(plain: RunResult, routed: RunResult, path: Path) -> None:

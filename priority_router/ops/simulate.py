@@ -344,7 +344,7 @@ def simulate(
     for outcome in outcomes.values():
         console.print(policy_table(outcome, loaded, clients))
     if plot_path is not None:
-        console.print(f"Chart: {plot_path}")
+        console.print(f"Chart: {plot_path}", soft_wrap=True)
 
 
 def _settings(
