@@ -9,7 +9,9 @@ these moments:
   the app is already configured);
 - when Celery builds the app's task sender, right before its first publish;
 - when a worker starts (``celeryd_init``, before the worker reads its settings, and
-  ``worker_init``, for workers started from code).
+  ``worker_init``, for workers started from code).  A ``celery worker`` sets its log up
+  later: what the router says as it starts, a refusal included, waits for
+  ``celeryd_after_setup`` (before it consumes anything), so it reaches ``--logfile``.
 
 A setting the user chose is kept and a warning names its cost, once.  In dry run no
 setting is changed: one WARNING per app says what would be.  A broker the
@@ -26,11 +28,18 @@ import functools
 import logging
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import kombu
 from celery import Celery
-from celery.signals import before_task_publish, celeryd_init, task_received, worker_init, worker_ready
+from celery.signals import (
+    before_task_publish,
+    celeryd_after_setup,
+    celeryd_init,
+    task_received,
+    worker_init,
+    worker_ready,
+)
 
 from .. import headers as H
 from ..config import celery_key, celery_values, unknown_celery_settings, written_as
@@ -297,6 +306,8 @@ def _on_worker_starting(sender: Any = None, instance: Any = None, options: Any =
     found = _installed_on(instance)
     if found is not None:
         app, installation = found
+        installation.logs_later = True
+        _hold_records()
         installation.pool = pool_of_options(options or {}, app.conf)
         _settle_worker(app, installation)
 
@@ -306,14 +317,30 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
     if found is None:
         return
     app, installation = found
+    if installation.refusal is not None:
+        return  # said, and acted on, at celeryd_after_setup
     installation.pool = pool_of_worker(sender)
     transport = _settle_worker(app, installation)
-    if installation.engine.config.dry_run:
+    if transport is None or installation.engine.config.dry_run:
         return
     # The worker read its settings before this point (workers started from code send no
     # celeryd_init); the consumer is built from this attribute later.
     celery_internals.set_prefetch_multiplier(sender, int(app.conf.worker_prefetch_multiplier))
-    if transport is Transport.AMQP:
+    if transport is Transport.AMQP and not installation.logs_later:
+        check_worker_queues(app)
+
+
+def _on_worker_setup(sender: Any = None, instance: Any = None, **_: Any) -> None:
+    """A ``celery worker``, its log set up and nothing consumed yet: what it could not say
+    before."""
+    _release_records()
+    found = _installed_on(instance)
+    if found is None:
+        return
+    app, installation = found
+    if installation.refusal is not None:
+        _refuse(installation.refusal)
+    if not installation.engine.config.dry_run and installation.receiver.transport is Transport.AMQP:
         check_worker_queues(app)
 
 
@@ -376,13 +403,56 @@ def _on_worker_ready(sender: Any = None, **_: Any) -> None:
         installation.sweeper = start_sweeper(app, sender, max_wait)
 
 
-def _settle_worker(app: Celery, installation: Installation) -> Transport:
+class _Held(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+_held: _Held | None = None
+
+
+def _hold_records() -> None:
+    """Keep the router's log records until the starting worker's log is set up."""
+    global _held
+    if _held is None:
+        _held = _Held()
+        logger.addHandler(_held)
+        logger.propagate = False
+
+
+def _release_records() -> None:
+    """Hand the kept records, with their own times, to the log the worker set up."""
+    global _held
+    if _held is None:
+        return
+    logger.removeHandler(_held)
+    logger.propagate = True
+    for record in _held.records:
+        logger.handle(record)
+    _held = None
+
+
+def _refuse(message: str) -> NoReturn:
+    logger.critical("%s", message)
+    # Signal receivers' exceptions are only logged by Celery; SystemExit is not.
+    raise SystemExit(message)
+
+
+def _settle_worker(app: Celery, installation: Installation) -> Transport | None:
+    """The worker's transport, its settings settled; None when it must not start (a
+    ``celery worker`` is refused once its log is set up)."""
     installation.receiver.in_worker()
     try:
         transport = _settle(app, installation)
     except ConfigurationError as exc:
-        logger.critical("priority-router: %s", exc)
-        raise SystemExit(f"priority-router: {exc}") from None
+        if not installation.logs_later:
+            _refuse(f"priority-router: {exc}")
+        installation.refusal = f"priority-router: {exc}"
+        return None
     # Says what the worker runs with (logging is set up by then), starts the max_wait sweeper.
     worker_ready.connect(_on_worker_ready, dispatch_uid=_UID)
     return transport
@@ -492,5 +562,6 @@ def _connect_signals() -> None:
     before_task_publish.connect(_on_publish, dispatch_uid=_UID)
     celeryd_init.connect(_on_worker_starting, dispatch_uid=_UID)
     worker_init.connect(_on_worker_init, dispatch_uid=_UID)
+    celeryd_after_setup.connect(_on_worker_setup, dispatch_uid=_UID)
     task_received.connect(_on_task_received, dispatch_uid=_UID)
     _connected = True

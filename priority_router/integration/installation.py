@@ -46,6 +46,12 @@ class Installation:
     #: Why the router could not read the app's ``priority_router_*`` settings when it
     #: last settled on them (its publishes then go out unrouted), else None.
     settings_error: ConfigurationError | None = None
+    #: A ``celery worker`` is starting in this process (it sent ``celeryd_init``). Its log,
+    #: ``--logfile`` included, is set up only by ``celeryd_after_setup``, before it consumes:
+    #: what the router says at start waits for that, or it would go to a bare stderr.
+    logs_later: bool = False
+    #: Why that worker must not start, said and acted on at ``celeryd_after_setup``.
+    refusal: str | None = None
 
 
 #: Where an app keeps its installation: read on every publish, so a plain attribute

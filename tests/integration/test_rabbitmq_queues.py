@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import subprocess
 import uuid
+from pathlib import Path
 
 import pytest
 from celery import Celery
@@ -59,12 +60,16 @@ def test_verify_names_the_queue_and_both_ways_out(
     close_app(app)
 
 
+@pytest.mark.parametrize("logfile", [False, True], ids=["console", "logfile"])
 def test_worker_refuses_to_start_on_a_fifo_queue(
-    fifo_queue: str, amqp_url: str, redis_server_url: str
+    fifo_queue: str, amqp_url: str, redis_server_url: str, logfile: bool, tmp_path: Path
 ) -> None:
+    """Refused in the worker's own log: with ``--logfile`` (``--detach``, systemd) nothing
+    else is read, and the refusal came before Celery had set that log up."""
     env = _env(amqp_url, redis_server_url, fifo_queue)
+    log = tmp_path / "worker.log"
     proc = subprocess.run(
-        worker_command("--pool", "solo"),
+        worker_command("--pool", "solo", *(["--logfile", str(log)] if logfile else [])),
         cwd=ROOT,
         env=worker_environment(env),
         capture_output=True,
@@ -72,8 +77,9 @@ def test_worker_refuses_to_start_on_a_fifo_queue(
         timeout=60,
     )
     assert proc.returncode != 0
-    assert "x-max-priority" in proc.stderr + proc.stdout
-    assert fifo_queue in proc.stderr + proc.stdout
+    said = log.read_text() if logfile else proc.stderr + proc.stdout
+    refusal = next(line for line in said.splitlines() if "CRITICAL/MainProcess] priority-router:" in line)
+    assert "x-max-priority" in refusal and fifo_queue in refusal
 
 
 def test_a_worker_checks_only_the_queues_it_consumes(
