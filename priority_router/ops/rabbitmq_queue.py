@@ -68,9 +68,12 @@ def queue_spec(app: Celery, name: str, target: Target) -> QueueSpec:
     if is_quorum(defined):
         raise ConfigurationError(
             f"queue {name!r}",
-            "it is a quorum queue: RabbitMQ takes no x-max-priority on quorum queues, so there is "
-            "nothing to migrate (quorum queues honour priorities from RabbitMQ 4.0 on)",
-            "leave it as it is",
+            "it is a quorum queue: RabbitMQ takes no x-max-priority on quorum queues and never changes "
+            "a queue's type, so there is nothing to migrate (quorum queues honour priorities from "
+            "RabbitMQ 4.0 on)",
+            "on RabbitMQ 4.0 or later, leave it as it is; before 4.0, move its documents to a classic "
+            "queue under a new name, or drain and delete it (the Brokers page of the docs, 'From a "
+            "quorum queue to a priority queue')",
         )
     if defined.auto_delete or defined.exclusive:
         raise ConfigurationError(

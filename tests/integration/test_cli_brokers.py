@@ -347,3 +347,17 @@ def test_doctor_fails_amqp_heartbeats_kept_on_a_green_pool(
     (ready,) = [line for line in log.splitlines() if "priority-router on " in line]
     shown = f"broker_heartbeat={users if users else 0}"
     assert ready.endswith(f"worker_prefetch_multiplier=1, task_acks_late=True, {shown}"), ready
+
+
+@pytest.mark.rabbitmq
+def test_migrate_names_the_way_out_of_a_quorum_queue(app_module: AppFactory, amqp_url: str) -> None:
+    """``migrate`` cannot change a queue's type: before RabbitMQ 4.0, "leave it as it is"
+    would leave it without priorities for good, so the fix names the way to a classic queue."""
+    queue = f"quorum-{uuid.uuid4().hex[:8]}"
+    app = app_module(amqp_url, queue, settings={"task_default_queue_type": "quorum"})
+    result = CliRunner().invoke(main, ["migrate", queue, "--to", "router", "-A", app, "--dry-run"])
+    assert result.exit_code == 2, result.output
+    said = " ".join(result.output.split())
+    assert "it is a quorum queue" in said
+    fix = "before 4.0, move its documents to a classic queue under a new name, or drain and delete it"
+    assert fix in said
