@@ -42,6 +42,7 @@ from ..integration.rabbitmq import (
     is_quorum,
     quorum_note,
     rabbitmq_version,
+    uses_quorum_queues,
     verify_priority_queues,
 )
 from ..limits import Limits
@@ -421,7 +422,10 @@ def _check_amqp_queues(app: Celery, transport: Transport) -> Iterator[Finding]:
                 False,
                 f"queue {queue.name!r} is declared without x-max-priority, so RabbitMQ ignores "
                 "message priorities on it",
-                f"set task_queue_max_priority = {AMQP_MAX_PRIORITY} (install() does)",
+                # The setting would add x-max-priority to the quorum queues too, which RabbitMQ refuses.
+                f"declare it in task_queues with queue_arguments={{'x-max-priority': {AMQP_MAX_PRIORITY}}}"
+                if uses_quorum_queues(app)
+                else f"set task_queue_max_priority = {AMQP_MAX_PRIORITY} (install() does)",
             )
     if bare:
         return

@@ -361,3 +361,16 @@ def test_migrate_names_the_way_out_of_a_quorum_queue(app_module: AppFactory, amq
     assert "it is a quorum queue" in said
     fix = "before 4.0, move its documents to a classic queue under a new name, or drain and delete it"
     assert fix in said
+
+
+@pytest.mark.rabbitmq
+def test_doctor_never_suggests_the_global_priority_setting_beside_quorum_queues(
+    app_module: AppFactory, amqp_url: str
+) -> None:
+    """``task_queue_max_priority`` would add x-max-priority to the quorum queues too, and
+    RabbitMQ refuses their publishes then (the newcomer's trial followed that fix)."""
+    queue = f"classic-{uuid.uuid4().hex[:8]}"
+    app = app_module(amqp_url, queue, settings={"task_create_missing_queue_type": "quorum"})
+    _, findings = invoke("doctor", "-A", app)
+    fixes = [f["fix"] for f in findings if f["check"] == "x-max-priority" and not f["ok"]]
+    assert not any("task_queue_max_priority" in fix for fix in fixes), fixes
