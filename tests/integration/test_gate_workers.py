@@ -119,11 +119,13 @@ def test_a_cap_holds_across_worker_processes_and_hosts(
     env, seen = runs
     _router(env).set_tier("bulk", max_in_flight=3)
     app = producer()
-    bulk = _send(app, "bulk", 0.4, 12)
+    # Sent once both workers are up: sent before, the first worker's 2 slots ran most of
+    # them while a loaded machine started the second, and the cap was never reached.
     with (
         running_worker(env, "--pool", "prefork", "--concurrency", "2"),
         running_worker(env, "--pool", "threads", "--concurrency", "3"),
     ):
+        bulk = _send(app, "bulk", 0.4, 12)
         for r in bulk:
             r.get(timeout=90)
     assert int(seen.hget(env["RUNS_KEY"], "max:bulk") or 0) == 3
