@@ -69,8 +69,8 @@ def queue_spec(app: Celery, name: str, target: Target) -> QueueSpec:
         raise ConfigurationError(
             f"queue {name!r}",
             "it is a quorum queue: RabbitMQ takes no x-max-priority on quorum queues and never changes "
-            "a queue's type, so there is nothing to migrate (quorum queues honour priorities from "
-            "RabbitMQ 4.0 on)",
+            "a queue's type, so migrate cannot make it a priority queue (quorum queues honour "
+            "priorities from RabbitMQ 4.0 on)",
             "on RabbitMQ 4.0 or later, leave it as it is; before 4.0, move its documents to a classic "
             "queue under a new name, or drain and delete it (the Brokers page of the docs, 'From a "
             "quorum queue to a priority queue')",
