@@ -57,7 +57,7 @@ from .old_kombu import FIX, shortfalls, watch_old_kombu
 from .pools import pool_of_options, pool_of_worker
 from .publish import PublishReceiver
 from .publisher_pause import PublishPause
-from .rabbitmq import QUORUM_PRIORITIES, check_worker_queues, quorum_queue_names
+from .rabbitmq import QUORUM_PRIORITIES, check_worker_queues, quorum_queue_names, quorum_queues_are
 from .sender import publishing_app, unwrap_sender, wrap_sender
 from .starvation import AMQP_FIX, AMQP_REFUSAL, start_sweeper
 from .window import watch_window
@@ -259,9 +259,7 @@ def _apply(app: Celery, installation: Installation, transport: Transport, change
         # INFO here, in every process that loads the app: a worker says what its own quorum
         # queues do on its server, at WARNING (check_worker_queues), and doctor fails them.
         if quorum and first_time(warned, "quorum"):
-            logger.info(
-                "priority-router: queues %s are quorum queues. %s", ", ".join(quorum), QUORUM_PRIORITIES
-            )
+            logger.info("priority-router: %s. %s", quorum_queues_are(quorum), QUORUM_PRIORITIES)
 
 
 def _report_dry_run(app: Celery, changes: list[Change], warned: set[str]) -> None:

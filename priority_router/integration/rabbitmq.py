@@ -63,6 +63,13 @@ def vhost_of(app: Celery) -> str:
         return str(conn.virtual_host or "/")
 
 
+def quorum_queues_are(names: list[str]) -> str:
+    """``queue 'a' is a quorum queue`` or ``queues a, b are quorum queues``."""
+    if len(names) == 1:
+        return f"queue {names[0]!r} is a quorum queue"
+    return f"queues {', '.join(names)} are quorum queues"
+
+
 def is_quorum(queue: Any) -> bool:
     return (getattr(queue, "queue_arguments", None) or {}).get("x-queue-type") == "quorum"
 
@@ -276,12 +283,11 @@ def check_worker_queues(app: Celery) -> None:
     version = rabbitmq_version(app)
     honoured, note = quorum_note(version)
     if honoured:
-        logger.warning("priority-router: queues %s are quorum queues. %s", ", ".join(quorum), note)
+        logger.warning("priority-router: %s. %s", quorum_queues_are(quorum), note)
     else:
         logger.warning(
-            "priority-router: queues %s are quorum queues and %s. Fix: upgrade to RabbitMQ 4.0 or "
-            "later, or %s",
-            ", ".join(quorum),
+            "priority-router: %s and %s. Fix: upgrade to RabbitMQ 4.0 or later, or %s",
+            quorum_queues_are(quorum),
             note,
             classic_fix(app),
         )

@@ -41,6 +41,7 @@ from ..integration.rabbitmq import (
     classic_fix,
     is_quorum,
     quorum_note,
+    quorum_queues_are,
     rabbitmq_version,
     uses_quorum_queues,
     verify_priority_queues,
@@ -387,7 +388,7 @@ def _check_amqp_queues(app: Celery, transport: Transport) -> Iterator[Finding]:
         yield Finding(
             "quorum",
             honoured,
-            f"queues {', '.join(quorum)} are quorum queues. {note}",
+            f"{quorum_queues_are(quorum)}. {note}",
             "" if honoured else f"upgrade to RabbitMQ 4.0 or later, or {classic_fix(app)}",
         )
         if not celery_consumes_quorum(app.conf):

@@ -213,8 +213,8 @@ def test_quorum_default_queue_is_declared_and_served(load: Loader, worker_env: d
         log = worker.output()
     assert len(done) == 5 and {d["reason"] for d in done} == {"counted"}
     # In the worker's log as Celery formats it (it was said before Celery set its log up).
-    warning = next(line for line in log.splitlines() if "are quorum queues" in line)
-    assert "WARNING/MainProcess] priority-router: queues" in warning, log
+    warning = next(line for line in log.splitlines() if "is a quorum queue" in line)
+    assert "WARNING/MainProcess] priority-router: queue " in warning, log
     assert "before RabbitMQ 4.0" in warning or "RabbitMQ 4" in warning
 
 
