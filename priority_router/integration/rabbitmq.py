@@ -26,16 +26,32 @@ logger = logging.getLogger("priority_router")
 class QueueNotPriorityError(ConfigurationError):
     """Existing RabbitMQ queues were declared without ``x-max-priority``."""
 
-    def __init__(self, queues: str | list[str], detail: str, vhost: str = "/") -> None:
+    def __init__(
+        self, queues: str | list[str], detail: str, vhost: str = "/", other_type: bool | None = None
+    ) -> None:
         names = [queues] if isinstance(queues, str) else list(queues)
         shown = ", ".join(repr(q) for q in names)
-        super().__init__(
-            f"queue {shown}" if len(names) == 1 else f"queues {shown}",
-            f"{'it already exists' if len(names) == 1 else 'they already exist'} on RabbitMQ "
-            f"(vhost {vhost!r}) with other arguments than x-max-priority={AMQP_MAX_PRIORITY}, so "
-            f"RabbitMQ cannot apply priorities to {'it' if len(names) == 1 else 'them'} ({detail})",
-            drain_and_delete(names, vhost),
-        )
+        they = "it already exists" if len(names) == 1 else "they already exist"
+        exists = f"{they} on RabbitMQ (vhost {vhost!r})"
+        #: The queue exists as another type (classic or quorum) than the app declares: no
+        #: question of priorities, RabbitMQ refuses the declaration itself.
+        self.other_type = "'x-queue-type'" in detail if other_type is None else other_type
+        if self.other_type:
+            super().__init__(
+                f"queue {shown}" if len(names) == 1 else f"queues {shown}",
+                f"{exists} as another queue type than this app declares, so RabbitMQ refuses this "
+                f"app's declaration ({detail})",
+                "declare it as it exists (a classic queue gets x-max-priority from install(); a quorum "
+                "queue takes x-queue-type: quorum), or move its documents to a queue of the type you "
+                "want (the Brokers page of the docs, 'From a quorum queue to a priority queue')",
+            )
+        else:
+            super().__init__(
+                f"queue {shown}" if len(names) == 1 else f"queues {shown}",
+                f"{exists} with other arguments than x-max-priority={AMQP_MAX_PRIORITY}, so RabbitMQ "
+                f"cannot apply priorities to {'it' if len(names) == 1 else 'them'} ({detail})",
+                drain_and_delete(names, vhost),
+            )
         self.queue = names[0]
         self.queues = names
         self.vhost = vhost
@@ -53,7 +69,9 @@ def drain_and_delete(queues: list[str], vhost: str) -> str:
         f"check that nothing waits in it (rabbitmqctl list_queues -p {p} name messages "
         f"messages_unacknowledged consumers: 0 messages and 0 unacknowledged), stop its consumers, "
         f"then delete it ({deletes}) so it is redeclared as a priority queue; or route documents to "
-        f"a new queue name (task_default_queue, task_queues or task_routes)"
+        f"a new queue name (task_default_queue, task_queues or task_routes). A quorum queue cannot "
+        "be turned into a priority queue: see the Brokers page of the docs, 'From a quorum queue to "
+        "a priority queue'"
     )
 
 
@@ -184,14 +202,25 @@ def fifo_queue_in(exc: BaseException) -> str | None:
     return match.group("queue") if match else None
 
 
-def demote_to_fifo(app: Celery, queue_name: str) -> None:
+def demote_to_fifo(app: Celery, queue_name: str) -> bool:
     """Declare ``queue_name`` as it exists (no ``x-max-priority``) from now on, so
-    publishing to it keeps working; say once, loudly, that it serves FIFO.
+    publishing to it keeps working; say once, loudly, that it serves FIFO.  False when
+    no declaration of this app's can publish to it: the app declares a quorum queue where
+    a classic one exists (said once, loudly).
 
     A queue this app already declares without ``x-max-priority`` is refused for the other
     reason: it has become a priority queue since (``priority-router migrate --to
     router``), so the app declares it with ``x-max-priority`` again."""
     queue = app.amqp.queues.get(queue_name)
+    if queue is not None and is_quorum(queue):
+        if (id(app), queue_name) not in _demoted:
+            _demoted.add((id(app), queue_name))
+            detail = "PRECONDITION_FAILED on publish: a classic priority queue, declared here as quorum"
+            logger.error(
+                "priority-router: %s. Its publishes fail until then, as they would without the router",
+                QueueNotPriorityError(queue_name, detail, vhost_of(app), other_type=True),
+            )
+        return False
     if queue is not None:
         args = dict(queue.queue_arguments or {})
         if "x-max-priority" not in args and queue.max_priority is None:
@@ -202,7 +231,7 @@ def demote_to_fifo(app: Celery, queue_name: str) -> None:
                 "priority from now on",
                 queue_name,
             )
-            return
+            return True
         args.pop("x-max-priority", None)
         queue.queue_arguments = args or None
         queue.max_priority = None
@@ -213,6 +242,7 @@ def demote_to_fifo(app: Celery, queue_name: str) -> None:
             "without priority ordering (workers installed with the router refuse to consume it)",
             QueueNotPriorityError(queue_name, "PRECONDITION_FAILED on publish", vhost_of(app)),
         )
+    return True
 
 
 def verify_priority_queues(
@@ -226,7 +256,7 @@ def verify_priority_queues(
     """
     from amqp.exceptions import NotFound, PreconditionFailed
 
-    checked, refused, detail = [], [], ""
+    checked, refused, detail, other_type = [], [], "", False
     with app.connection_for_write() as conn:
         vhost = str(conn.virtual_host or "/")
         for queue in app.amqp.queues.values() if queues is None else queues:
@@ -242,6 +272,8 @@ def verify_priority_queues(
             except PreconditionFailed as exc:
                 refused.append(queue.name)
                 detail = detail or str(exc)
+                # RabbitMQ names the first argument that differs, often x-max-priority.
+                other_type = other_type or is_quorum(queue) or "'x-queue-type'" in str(exc)
                 continue
             finally:
                 try:
@@ -250,7 +282,7 @@ def verify_priority_queues(
                     logger.debug("closing a channel after a failed declare", exc_info=True)
             checked.append(queue.name)
     if refused:
-        raise QueueNotPriorityError(refused, detail, vhost)
+        raise QueueNotPriorityError(refused, detail, vhost, other_type)
     return checked
 
 
@@ -271,11 +303,15 @@ def check_worker_queues(app: Celery) -> None:
     except QueueNotPriorityError as exc:
         logger.critical("priority-router: %s", exc)
         # Signal receivers' exceptions are only logged by Celery; SystemExit is not.
+        shown = ("s " if len(exc.queues) > 1 else " ") + ", ".join(repr(q) for q in exc.queues)
         raise SystemExit(
-            "priority-router: the worker refuses to start: RabbitMQ would serve the queue"
-            + ("s " if len(exc.queues) > 1 else " ")
-            + ", ".join(repr(q) for q in exc.queues)
-            + " in arrival order (the priority-router line above says why and how to fix it)"
+            "priority-router: the worker refuses to start: "
+            + (
+                f"RabbitMQ refuses this app's declaration of the queue{shown}"
+                if exc.other_type
+                else f"RabbitMQ would serve the queue{shown} in arrival order"
+            )
+            + " (the priority-router line above says why and how to fix it)"
         ) from None
     quorum = sorted(q.name for q in consumed if is_quorum(q))
     if not quorum:

@@ -89,9 +89,8 @@ def _wrap(
             return send(*args, **kwargs)
         except Exception as exc:
             queue = fifo_queue_in(exc)
-            if queue is None or not demotes(app):
+            if queue is None or not demotes(app) or not demote_to_fifo(app, queue):
                 raise
-            demote_to_fifo(app, queue)
             producer = args[0] if args else kwargs["producer"]
             producer.revive(producer.connection.channel())
             again = republishing.set(True)

@@ -434,7 +434,7 @@ def _check_amqp_queues(app: Celery, transport: Transport) -> Iterator[Finding]:
         # Passive first: the doctor creates nothing a worker has not created yet.
         checked = verify_priority_queues(app, create=False)
     except QueueNotPriorityError as exc:
-        yield Finding("x-max-priority", False, exc.problem, exc.fix)
+        yield Finding("queue type" if exc.other_type else "x-max-priority", False, exc.problem, exc.fix)
         return
     missing = [q.name for q in queues if q.name not in checked and not is_quorum(q)]
     checked = [name for name in checked if name not in quorum]

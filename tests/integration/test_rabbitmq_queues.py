@@ -8,6 +8,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from amqp.exceptions import PreconditionFailed
 from celery import Celery
 from kombu import Connection, Queue
 from support.broker import drain
@@ -153,4 +154,33 @@ def test_doctor_does_not_call_a_quorum_queue_a_priority_queue(
         with Connection(amqp_url) as conn:
             for name in (classic, quorum):
                 conn.default_channel.queue_delete(name)
+        close_app(app)
+
+
+def test_an_app_declaring_quorum_where_a_priority_queue_exists_is_told_so_not_that_it_is_fifo(
+    amqp_url: str, redis_server_url: str, key_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The newcomer's trial: a team's quorum habit met the router's classic priority queue.
+    The publisher said the queue was "a priority queue again", the worker that it would be
+    served in arrival order; both were false.  RabbitMQ refuses the declaration itself."""
+    name = f"typed-{uuid.uuid4().hex[:8]}"
+    with Connection(amqp_url) as conn:
+        Queue(name, channel=conn.default_channel, queue_arguments={"x-max-priority": 10}).declare()
+    env = {**_env(amqp_url, redis_server_url, name), "PRIORITY_ROUTER_KEY_PREFIX": key_prefix}
+    app: Celery = create_app(env)
+    app.conf.task_queues = [Queue(name, queue_arguments={"x-queue-type": "quorum"})]
+    try:
+        with pytest.raises(QueueNotPriorityError) as info:
+            verify_priority_queues(app)  # what a worker and doctor run
+        assert info.value.other_type and "another queue type" in str(info.value)
+        assert "arrival order" not in str(info.value)
+        for _ in range(2):
+            with pytest.raises(PreconditionFailed):  # as without the router
+                app.send_task("workers.hold_document", ("acme", "d", 0), headers={"client_id": "acme"})
+        said = [r for r in caplog.records if r.name == "priority_router" and r.levelno >= logging.INFO]
+        assert [r.levelno for r in said] == [logging.ERROR], [r.getMessage() for r in said]
+        assert "another queue type" in said[0].getMessage() and name in said[0].getMessage()
+    finally:
+        with Connection(amqp_url) as conn:
+            conn.default_channel.queue_delete(name)
         close_app(app)
