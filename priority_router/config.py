@@ -18,6 +18,7 @@ from typing import Any
 
 from .errors import ConfigurationError
 from .redact import redact_url
+from .redis_urls import check_url
 from .thresholds import DEFAULT_THRESHOLDS, Policy, check_priority, parse_table
 
 #: Called as ``getter(task_name, args, kwargs, headers)``; returns a client id or None.
@@ -197,7 +198,7 @@ class RouterConfig:
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
-        set_(self, "redis_url", _check_redis_url(self.redis_url))
+        set_(self, "redis_url", check_url(self.redis_url))
         set_(self, "reset_interval", _positive("reset_interval", self.reset_interval))
         if self.reset_interval < MIN_RESET_INTERVAL:
             raise ConfigurationError(
@@ -215,10 +216,8 @@ class RouterConfig:
                 "to worker starts and doctor",
             )
         set_(self, "consumer_check_interval", float(interval))
-        set_(self, "connect_timeout", _positive("connect_timeout", self.connect_timeout))
-        set_(self, "socket_timeout", _positive("socket_timeout", self.socket_timeout))
-        set_(self, "cooldown", _positive("cooldown", self.cooldown))
-        set_(self, "lease", _positive("lease", self.lease))
+        for name in ("connect_timeout", "socket_timeout", "cooldown", "lease"):
+            set_(self, name, _positive(name, getattr(self, name)))
         if self.lease < 3:
             raise ConfigurationError(
                 "lease",
@@ -228,7 +227,8 @@ class RouterConfig:
             )
         set_(self, "thresholds", _policy(self.thresholds))
         if self.max_wait is not None:
-            set_(self, "max_wait", _max_wait(self.max_wait))
+            fix = "use the seconds after which a waiting document goes first (e.g. 300), or None for off"
+            set_(self, "max_wait", _positive("max_wait", self.max_wait, fix))
         check_priority("default_priority", self.default_priority)
         for name in ("key_prefix", "client_id_header", "client_id_kwarg"):
             value = getattr(self, name)
@@ -240,18 +240,11 @@ class RouterConfig:
                 f"{self.key_prefix!r} contains a brace",
                 "drop the { } characters: the router adds its own Redis Cluster hash tag",
             )
-        if self.client_id_getter is not None and not callable(self.client_id_getter):
-            raise ConfigurationError(
-                "client_id_getter",
-                f"{self.client_id_getter!r} is not callable",
-                "pass a function (task_name, args, kwargs, headers) -> client id, or None",
-            )
-        if self.cost_getter is not None and not callable(self.cost_getter):
-            raise ConfigurationError(
-                "cost_getter",
-                f"{self.cost_getter!r} is not callable",
-                "pass a function (task_name, args, kwargs, headers) -> cost (a positive number), or None",
-            )
+        for name, returns in (("client_id_getter", "client id"), ("cost_getter", "cost (a positive number)")):
+            getter = getattr(self, name)
+            if getter is not None and not callable(getter):
+                fix = f"pass a function (task_name, args, kwargs, headers) -> {returns}, or None"
+                raise ConfigurationError(name, f"{getter!r} is not callable", fix)
         set_(self, "tasks", _tasks(self.tasks))
         if self.mode not in MODES:
             raise ConfigurationError(
@@ -377,29 +370,14 @@ def _did_you_mean(name: str, known: set[str]) -> str:
     return f" (did you mean {close[0]}?)" if close else ""
 
 
-def _positive(name: str, value: object) -> float:
+def _positive(name: str, value: object, fix: str = "use a value > 0") -> float:
     if (
         isinstance(value, bool)
         or not isinstance(value, int | float)
         or not math.isfinite(value)
         or value <= 0
     ):
-        raise ConfigurationError(name, f"{value!r} is not a positive number of seconds", "use a value > 0")
-    return float(value)
-
-
-def _max_wait(value: object) -> float:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or value <= 0
-    ):
-        raise ConfigurationError(
-            "max_wait",
-            f"{value!r} is not a positive number of seconds",
-            "use the seconds after which a waiting document goes first (e.g. 300), or None for off",
-        )
+        raise ConfigurationError(name, f"{value!r} is not a positive number of seconds", fix)
     return float(value)
 
 
@@ -437,9 +415,3 @@ def _tasks(value: object) -> tuple[str, ...] | None:
             "pass names or globs, e.g. ['docs.*'] or 'docs.*,billing.*'",
         )
     return tuple(value)
-
-
-def _check_redis_url(url: object) -> str:
-    from .redis_urls import check_url
-
-    return check_url(url)

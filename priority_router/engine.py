@@ -187,20 +187,16 @@ class Engine:
         default tier, adjusting the table's priority.  A fractional count is truncated
         toward 0 for the table: a partial unit does not count."""
         cost = as_count(units)
-        if not tiered:
-            return Decision(client_id, pending, self.policy.priority_for(int(pending)), cost=cost)
-        if stored is None:
-            tier = self.tier_store.default()
-            if tier is None:
-                return Decision(client_id, pending, self.policy.priority_for(int(pending)), cost=cost)
-            source = "default"
-        else:
+        tier, source = None, "client"
+        if tiered and stored is None:
+            tier, source = self.tier_store.default(), "default"
+        elif tiered:
             try:
                 tier = decode(stored if isinstance(stored, bytes | str) else str(stored))
             except ConfigurationError as exc:
                 self._warn_bad_tier(client_id, exc)
-                return Decision(client_id, pending, self.policy.priority_for(int(pending)), cost=cost)
-            source = "client"
+        if tier is None:
+            return Decision(client_id, pending, self.policy.priority_for(int(pending)), cost=cost)
         priority = tier.priority(pending, self.policy)
         return Decision(client_id, pending, priority, tier=tier.applied_as(source), cost=cost)
 

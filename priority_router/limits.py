@@ -105,44 +105,26 @@ class Limits:
 
     def encode(self) -> str:
         """The stored form: ``m=3;b=1;r=5/s``; ``""`` when nothing is limited."""
-        parts = []
-        if self.max_in_flight is not None:
-            parts.append(f"m={self.max_in_flight}")
-        if self.max_cost_in_flight is not None:
-            parts.append(f"mc={self.max_cost_in_flight:g}")
-        if self.borrow:
-            parts.append("b=1")
-        if self.rate is not None:
-            parts.append(f"r={self.rate}")
-        if self.burst is not None:
-            parts.append(f"rb={self.burst}")
-        return ";".join(parts)
+        return ";".join(f"{code}={value}" for code, _, value in self._given())
 
     def describe(self) -> str:
         """For people and logs: ``max_in_flight=3 borrow rate=5/s``; ``""`` when none."""
-        words = []
-        if self.max_in_flight is not None:
-            words.append(f"max_in_flight={self.max_in_flight}")
-        if self.max_cost_in_flight is not None:
-            words.append(f"max_cost_in_flight={self.max_cost_in_flight:g}")
-        if self.borrow:
-            words.append("borrow")
-        if self.rate is not None:
-            words.append(f"rate={self.rate}")
-        if self.burst is not None:
-            words.append(f"burst={self.burst}")
-        return " ".join(words)
+        return " ".join(name if code == "b" else f"{name}={value}" for code, name, value in self._given())
 
     def as_dict(self) -> dict[str, object]:
         """The limits as the keywords of ``set_tier`` (``--json`` output)."""
-        return {
-            "max_in_flight": self.max_in_flight,
-            "max_cost_in_flight": self.max_cost_in_flight,
-            "borrow": self.borrow,
-            "rate": self.rate,
-            "burst": self.burst,
-        }
+        return {name: getattr(self, name) for name in _NAMES}
 
+    def _given(self) -> list[tuple[str, str, str]]:
+        """Each limit set, in the stored form's order: its code there, its name, its value."""
+        cost = None if self.max_cost_in_flight is None else f"{self.max_cost_in_flight:g}"
+        values = (self.max_in_flight, cost, 1 if self.borrow else None, self.rate, self.burst)
+        return [(c, n, str(v)) for c, n, v in zip(_CODES, _NAMES, values, strict=True) if v is not None]
+
+
+#: The limits' names, and their codes in the stored form, in the order both are written.
+_NAMES = ("max_in_flight", "max_cost_in_flight", "borrow", "rate", "burst")
+_CODES = ("m", "mc", "b", "r", "rb")
 
 NONE = Limits()
 
@@ -173,7 +155,7 @@ def decode(stored: bytes | str) -> Limits:
     values: dict[str, str] = {}
     for part in filter(None, text.split(";")):
         name, _, value = part.partition("=")
-        if name not in ("m", "mc", "b", "r", "rb") or not value or name in values:
+        if name not in _CODES or not value or name in values:
             raise _unreadable(text)
         values[name] = value
     try:

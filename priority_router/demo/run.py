@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import redis
 from celery import Celery
@@ -40,6 +40,7 @@ from rich.table import Table
 from ..redact import redact_url
 from ..simulation.report import PLOT_EXTRA
 from ..simulation.workloads import NoisyNeighbour
+from ..store.client_keys import batched
 from .app import create_app
 from .documents import publish
 from .local_redis import RedisDatabases, redis_answers, redis_server_program, start_embedded_redis
@@ -319,9 +320,7 @@ def _cleanup(app: Celery, env: dict[str, str], tag: str, published: dict[str, tu
             broker.hdel("unacked", *tags)
             broker.zrem("unacked_index", *tags)
         broker.close()
-        keys = [app.backend.get_key_for_task(tid) for tid in published]
-        for start in range(0, len(keys), 500):
-            app.backend.client.unlink(*keys[start : start + 500])
+        _unlink(app.backend.client, (app.backend.get_key_for_task(tid) for tid in published))
     except Exception as exc:
         console.print(f"[yellow]cleanup: {exc}[/]")
     finally:
@@ -366,14 +365,8 @@ def shared_keys_removed(redis_url: str) -> Iterator[None]:
             broker.close()
 
 
-def _unlink(client: redis.Redis, keys: Iterable[bytes]) -> None:
-    batch: list[bytes] = []
-    for key in keys:
-        batch.append(key)
-        if len(batch) == 500:
-            client.unlink(*batch)
-            batch = []
-    if batch:
+def _unlink(client: redis.Redis, keys: Iterable[Any]) -> None:
+    for batch in batched(keys, 500):
         client.unlink(*batch)
 
 

@@ -122,11 +122,7 @@ def check_at_start(app: Celery, transport: Transport, queues: Iterable[str], hos
             return
         for blind in found:
             if blind.worker != hostname:  # itself: it runs the router
-                logger.warning(
-                    "priority-router: %s, because that worker runs without priority-router. Fix: %s",
-                    blind.detail,
-                    FIX,
-                )
+                _warn(blind)
 
     threading.Thread(target=look, name="priority-router-worker-check", daemon=True).start()
 
@@ -196,15 +192,16 @@ class ConsumerWatch:
             return []
         for blind in found:
             key = (blind.worker, blind.queue)
-            if key in self._warned:
-                continue
-            self._warned.add(key)
-            logger.warning(
-                "priority-router: %s, because that worker runs without priority-router. Fix: %s",
-                blind.detail,
-                FIX,
-            )
+            if key not in self._warned:
+                self._warned.add(key)
+                _warn(blind)
         return found
+
+
+def _warn(blind: BlindWorker) -> None:
+    logger.warning(
+        "priority-router: %s, because that worker runs without priority-router. Fix: %s", blind.detail, FIX
+    )
 
 
 _start_lock = threading.Lock()

@@ -64,26 +64,24 @@ def annotate_kwargsrepr(
     if dry_run:
         extra += f", {DRY_RUN_KEY!r}: True"
     text = kwargsrepr.strip()
-    if text == "{}" or not text:
-        return "{" + extra + "}"
-    if text.startswith("{") and text.endswith("}") and CLIENT_KEY not in text:
-        return text[:-1] + ", " + extra + "}"
-    if CLIENT_KEY in text:
-        # Republished message (retry, or a re-sent copy): keep the first annotation.
-        return kwargsrepr
-    # A user's own kwargsrepr (say, one that hides secrets) or a truncated one.
-    return f"{kwargsrepr} | {{{extra}}}"
+    # A republished message (retry, or a re-sent copy) keeps the first annotation.
+    return kwargsrepr if CLIENT_KEY in text else _added(text, extra, kwargsrepr)
 
 
 def annotate_held(kwargsrepr: object, reason: str) -> str:
     """``kwargsrepr`` with why the gate holds the document."""
     text = kwargsrepr.strip() if isinstance(kwargsrepr, str) else "{}"
-    extra = f"{HELD_KEY!r}: {reason!r}"
+    return _added(text, f"{HELD_KEY!r}: {reason!r}", text)
+
+
+def _added(text: str, extra: str, whole: str) -> str:
+    """``extra`` keys inside the dict literal ``text``; after ``whole`` (a user's own
+    kwargsrepr, say one that hides secrets, or a truncated one) when it is none."""
     if text in ("", "{}"):
         return "{" + extra + "}"
     if text.startswith("{") and text.endswith("}"):
         return text[:-1] + ", " + extra + "}"
-    return f"{text} | {{{extra}}}"
+    return f"{whole} | {{{extra}}}"
 
 
 _SHOWN = re.compile(

@@ -71,11 +71,10 @@ logger = logging.getLogger("priority_router")
 _UID = "priority_router"
 
 
-def _installed_on(owner: Any) -> tuple[Celery, Installation] | None:
-    """The app a worker, consumer or request belongs to, and its installation, if any."""
+def _installed_on(owner: Any) -> tuple[Any, Installation | None]:
+    """The app a worker, consumer or request belongs to, and its installation (None: none)."""
     app = getattr(owner, "app", None)
-    installation = installation_of(app)
-    return None if installation is None else (app, installation)
+    return app, installation_of(app)
 
 
 #: Every app with an installation, for settling one router's apps together.
@@ -301,9 +300,8 @@ def _on_configure(sender: Celery | None = None, **_: Any) -> None:
 
 
 def _on_worker_starting(sender: Any = None, instance: Any = None, options: Any = None, **_: Any) -> None:
-    found = _installed_on(instance)
-    if found is not None:
-        app, installation = found
+    app, installation = _installed_on(instance)
+    if installation is not None:
         installation.logs_later = True
         _hold_records()
         installation.pool = pool_of_options(options or {}, app.conf)
@@ -311,10 +309,9 @@ def _on_worker_starting(sender: Any = None, instance: Any = None, options: Any =
 
 
 def _on_worker_init(sender: Any = None, **_: Any) -> None:
-    found = _installed_on(sender)
-    if found is None:
+    app, installation = _installed_on(sender)
+    if installation is None:
         return
-    app, installation = found
     if installation.refusal is not None:
         return  # said, and acted on, at celeryd_after_setup
     installation.pool = pool_of_worker(sender)
@@ -332,10 +329,9 @@ def _on_worker_setup(sender: Any = None, instance: Any = None, **_: Any) -> None
     """A ``celery worker``, its log set up and nothing consumed yet: what it could not say
     before."""
     _release_records()
-    found = _installed_on(instance)
-    if found is None:
+    app, installation = _installed_on(instance)
+    if installation is None:
         return
-    app, installation = found
     if installation.refusal is not None:
         _refuse(installation.refusal)
     if not installation.engine.config.dry_run and installation.receiver.transport is Transport.AMQP:
@@ -379,10 +375,9 @@ def _say_started(app: Celery, installation: Installation, transport: Transport) 
 
 
 def _on_worker_ready(sender: Any = None, **_: Any) -> None:
-    found = _installed_on(sender)
-    if found is None:
+    app, installation = _installed_on(sender)
+    if installation is None:
         return
-    app, installation = found
     transport = installation.receiver.transport
     if transport is not None:
         _say_started(app, installation, transport)
@@ -467,8 +462,7 @@ _RECEIVED_WARNINGS = frozenset({"unpriced", "dry-run publisher"})
 
 
 def _on_task_received(sender: Any = None, request: Any = None, **_: Any) -> None:
-    found = _installed_on(request)
-    installation = found[1] if found is not None else None
+    _, installation = _installed_on(request)
     if installation is None or installation.warned.issuperset(_RECEIVED_WARNINGS):
         return
     headers = celery_internals.request_headers(request) or {}

@@ -189,10 +189,8 @@ class PublishReceiver:
         decision = self._count_or_inherit(task_name, body, headers)
         if chosen is None:
             return decision
-        priority = from_wire(chosen, transport)
-        if decision.reason is Reason.INHERITED:
-            return Decision(decision.client_id, decision.pending, priority, Reason.INHERITED)
-        return Decision(decision.client_id, decision.pending, priority, Reason.EXPLICIT)
+        reason = Reason.INHERITED if decision.reason is Reason.INHERITED else Reason.EXPLICIT
+        return Decision(decision.client_id, decision.pending, from_wire(chosen, transport), reason)
 
     def _chosen_wire(self, properties: dict[str, Any]) -> int | None:
         """The priority the caller put on the message, or None (the app default is no choice)."""
@@ -218,9 +216,7 @@ class PublishReceiver:
         cost = headers.get(H.COST)
         if cost is None and self._cost_getter is not None:
             cost = self._getter_cost(task_name, body, headers)
-        if self._inflight:
-            return self._decide(client, _task_id(body, headers), cost)
-        return self._decide(client, None, cost)
+        return self._decide(client, _task_id(body, headers) if self._inflight else None, cost)
 
     def _getter_cost(self, task_name: str, body: Any, headers: dict[str, Any]) -> object:
         args, kwargs = _args_kwargs(body)

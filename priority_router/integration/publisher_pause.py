@@ -234,14 +234,12 @@ class PublishPause:
         except Exception:
             logger.debug("priority-router could not declare %r after a held publish", name, exc_info=True)
 
-    def _say(self, mark: Mark, what: str, level: int, text: str) -> bool:
-        """Log ``text`` once per migration and ``what``; False when it was said before."""
+    def _say(self, mark: Mark, what: str, level: int, text: str) -> None:
+        """Log ``text`` once per migration and ``what``."""
         key = (mark.field, mark.since, what)
-        if key in self._said:
-            return False
-        self._said.add(key)
-        logger.log(level, text, mark.queue, mark.command())
-        return True
+        if key not in self._said:
+            self._said.add(key)
+            logger.log(level, text, mark.queue, mark.command())
 
 
 HELD = "priority-router: publishes to queue %r wait while `%s` swaps it (at most " + f"{HOLD_LIMIT:g} s)"

@@ -176,13 +176,9 @@ def main(
 ) -> None:
     """Inspect and manage priority-router's per-client priorities."""
     ctx.obj = Context(redis_url, key_prefix, reset_interval, mode, app_name)
-    for name, value in (
-        ("redis_url", redis_url),
-        ("key_prefix", key_prefix),
-        ("reset_interval", reset_interval),
-        ("mode", mode),
-    ):
-        if value is not None and ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE:
+    for name, value in ctx.params.items():
+        typed = ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE
+        if name != "app_name" and value is not None and typed:
             ctx.obj.typed[name] = value
 
 

@@ -9,7 +9,6 @@ is listed, and a setting it would set is not counted as a failure either.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import re
 import shlex
@@ -55,6 +54,7 @@ from ..store.gate import GateState
 from ..store.schema import SCHEMA, SchemaMismatch
 from ..thresholds import table_name
 from .queues import unpriced_waiting
+from .rabbitmq_queue import close_quietly, passive
 from .saturation import describe as describe_saturation
 from .saturation import saturation
 
@@ -447,25 +447,18 @@ def _check_amqp_queues(app: Celery, transport: Transport) -> Iterator[Finding]:
 def _exists_as_priority_queue(app: Celery, queue: Any) -> bool:
     """Whether ``queue`` exists on the server with ``x-max-priority`` while ``app`` declares
     it without: RabbitMQ then refuses the app's declaration."""
-    from amqp.exceptions import NotFound, PreconditionFailed
+    from amqp.exceptions import PreconditionFailed
 
     with app.connection_for_write() as conn:
-        channel = conn.channel()
-        try:
-            channel.queue_declare(queue=queue.name, passive=True)
-        except NotFound:
+        if passive(conn, queue.name) is None:
             return False
-        finally:
-            with contextlib.suppress(Exception):
-                channel.close()
         channel = conn.channel()
         try:
             queue.bind(channel).declare()  # it exists, so this creates nothing
         except PreconditionFailed as exc:
             return "x-max-priority" in str(exc)
         finally:
-            with contextlib.suppress(Exception):
-                channel.close()
+            close_quietly(channel)
     return False
 
 

@@ -403,10 +403,8 @@ class Migration:
     def _notes(self) -> None:
         spec, notes = self.spec, self.report.notes
         router = self.report.target is Target.ROUTER
-        if router:
-            notes.append(f"start workers with the router on {spec.name!r}; they declare it as it is now")
-        else:
-            notes.append(f"start workers without the router on {spec.name!r}; they declare it as it is now")
+        kind = "with" if router else "without"
+        notes.append(f"start workers {kind} the router on {spec.name!r}; they declare it as it is now")
         if self.cancelled:
             notes.append(
                 f"{', '.join(self.cancelled)} stopped consuming {spec.name!r} (each logged `Canceling queue "

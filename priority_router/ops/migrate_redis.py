@@ -12,7 +12,6 @@ nearest lower urgency (1 and 2 into 3, 4 and 5 into 6, 7 and 8 into 9), by
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -83,15 +82,14 @@ class RedisQueue:
 
     def unacked(self) -> int:
         """Messages of this queue delivered to workers and not yet acknowledged."""
-        return sum(1 for routing_key in self._unacked_routes() if routing_key == self.queue)
-
-    def _unacked_routes(self) -> Iterator[str]:
+        count = 0
         for _, raw in self.client.hscan_iter(self.unacked_key, count=500):
             try:
                 _, _, routing_key = json.loads(raw)
             except (ValueError, TypeError):
                 continue
-            yield str(routing_key)
+            count += str(routing_key) == self.queue
+        return count
 
 
 def migrate(

@@ -7,7 +7,6 @@ queue's total depth; AMQP has no per-priority breakdown.
 
 from __future__ import annotations
 
-import contextlib
 import json
 from dataclasses import dataclass, field
 
@@ -18,6 +17,7 @@ from ..integration.app_queues import queue_names
 from ..integration.brokers import Transport, transport_of
 from ..integration.celery_internals import step_list
 from ..integration.celery_settings import REDIS_PRIORITY_STEPS
+from .rabbitmq_queue import passive
 
 
 @dataclass(frozen=True)
@@ -83,20 +83,13 @@ def _redis_depths(app: Celery, names: list[str]) -> BrokerDepths:
 
 
 def _amqp_depths(app: Celery, names: list[str]) -> BrokerDepths:
-    from amqp.exceptions import NotFound
-
     depths = []
     with app.connection_for_read() as conn:
         for name in names:
-            channel = conn.channel()
-            try:
-                _, ready, consumers = channel.queue_declare(queue=name, passive=True)
-                depths.append(QueueDepth(name, int(ready), consumers=int(consumers)))
-            except NotFound:
-                depths.append(QueueDepth(name, None))
-            finally:
-                with contextlib.suppress(Exception):
-                    channel.close()
+            found = passive(conn, name)  # (ready, consumers), None when it does not exist
+            depths.append(
+                QueueDepth(name, None) if found is None else QueueDepth(name, found[0], consumers=found[1])
+            )
     return BrokerDepths(Transport.AMQP, depths)
 
 

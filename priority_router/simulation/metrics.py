@@ -8,7 +8,6 @@ slowdowns is 1.0 when every client is slowed down alike and 1/n when one takes i
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -138,15 +137,3 @@ def group_order(trace: Trace) -> list[str]:
         g = trace.groups[c]
         documents[g] = documents.get(g, 0) + 1
     return sorted(clients, key=lambda g: documents[g] / clients[g])
-
-
-def most_at_once(spans: Iterable[tuple[float, float]]) -> int:
-    """The most (start, end) spans that overlap at one instant; an end and a start at the
-    same instant do not overlap."""
-    pairs = list(spans)
-    events = sorted([(start, 1) for start, _ in pairs] + [(end, -1) for _, end in pairs])
-    running = most = 0
-    for _, step in events:
-        running += step
-        most = max(most, running)
-    return most

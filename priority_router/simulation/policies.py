@@ -80,10 +80,27 @@ class Discipline(Protocol):
         """A sweep at ``now`` (only when ``sweep_every`` is set)."""
 
 
-class Fifo:
-    """Plain Celery: one queue, first in first out."""
+class _Unswept:
+    """What the disciplines without priorities share: no sweeps, nothing to do when a
+    document finishes, and a released document waits again as a fresh publish would."""
 
     sweep_every: float | None = None
+
+    def publish(self, doc: int, client: int, now: float) -> None:
+        raise NotImplementedError
+
+    def requeue(self, doc: int, client: int, now: float) -> None:
+        self.publish(doc, client, now)
+
+    def finish(self, doc: int, client: int, now: float) -> None:
+        return None
+
+    def sweep(self, now: float) -> None:
+        return None
+
+
+class Fifo(_Unswept):
+    """Plain Celery: one queue, first in first out."""
 
     def __init__(self) -> None:
         self._queue: deque[int] = deque()
@@ -94,17 +111,8 @@ class Fifo:
     def publish(self, doc: int, client: int, now: float) -> None:
         self._queue.append(doc)
 
-    def requeue(self, doc: int, client: int, now: float) -> None:
-        self._queue.append(doc)
-
     def take(self) -> int:
         return self._queue.popleft()
-
-    def finish(self, doc: int, client: int, now: float) -> None:
-        return None
-
-    def sweep(self, now: float) -> None:
-        return None
 
 
 class RouterQueue:
@@ -219,7 +227,7 @@ class RouterQueue:
                 heapq.heappop(heads)
 
 
-class RoundRobin:
+class RoundRobin(_Unswept):
     """Round robin over clients: one document per client per turn, whatever it costs.
 
     Clients with waiting documents take turns in the order they became busy; a turn serves
@@ -227,8 +235,6 @@ class RoundRobin:
     (at the next take, as in :class:`DeficitRoundRobin`, so a client that became busy
     meanwhile goes before it).
     """
-
-    sweep_every: float | None = None
 
     def __init__(self) -> None:
         self._queues: dict[int, deque[int]] = {}
@@ -248,9 +254,6 @@ class RoundRobin:
             self._active.append(client)
         waiting.append(doc)
 
-    def requeue(self, doc: int, client: int, now: float) -> None:
-        self.publish(doc, client, now)
-
     def take(self) -> int:
         active = self._active
         if self._turn:
@@ -262,14 +265,8 @@ class RoundRobin:
             active.popleft()
         return doc
 
-    def finish(self, doc: int, client: int, now: float) -> None:
-        return None
 
-    def sweep(self, now: float) -> None:
-        return None
-
-
-class DeficitRoundRobin:
+class DeficitRoundRobin(_Unswept):
     """Deficit round robin over clients (Shreedhar and Varghese, 1996) by the documents'
     costs, or by their seconds when every document costs 1: by a cost of 1 it would be
     :class:`RoundRobin`, and seconds of work are what it always shared.
@@ -281,8 +278,6 @@ class DeficitRoundRobin:
     so every turn serves at least one document (the classic choice: work per document
     stays constant however many clients wait).
     """
-
-    sweep_every: float | None = None
 
     def __init__(self, quantum: float | None = None) -> None:
         if quantum is not None and not quantum > 0:
@@ -315,9 +310,6 @@ class DeficitRoundRobin:
             self._deficit[client] = 0.0
         waiting.append(doc)
 
-    def requeue(self, doc: int, client: int, now: float) -> None:
-        self.publish(doc, client, now)
-
     def take(self) -> int:
         active = self._active
         deficit = self._deficit
@@ -338,12 +330,6 @@ class DeficitRoundRobin:
                 return doc
             active.rotate(-1)
             self._turn = False
-
-    def finish(self, doc: int, client: int, now: float) -> None:
-        return None
-
-    def sweep(self, now: float) -> None:
-        return None
 
 
 def build(

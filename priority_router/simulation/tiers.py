@@ -64,7 +64,7 @@ class Tiers:
     @property
     def prioritizing(self) -> bool:
         """Whether some tier changes priorities (and not only limits)."""
-        return any(_priority_part(t) != Tier() for t in self._every())
+        return any(t.with_limits(NONE) != Tier() for t in self._every())
 
     @property
     def limiting(self) -> bool:
@@ -106,10 +106,6 @@ class Tiers:
 
     def _every(self) -> list[Tier]:
         return [*self.clients.values(), *([] if self.default is None else [self.default])]
-
-
-def _priority_part(tier: Tier) -> Tier:
-    return tier.with_limits(NONE)
 
 
 def parse_tier(text: str) -> Tier:

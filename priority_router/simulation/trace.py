@@ -194,10 +194,7 @@ def _check_header(row: list[str] | None) -> tuple[str, ...]:
 
 def _document(line: int, row: list[str]) -> tuple[float, str, float, int]:
     raw_at, raw_client, raw_duration = row
-    try:
-        at = float(raw_at)
-    except ValueError:
-        at = math.nan
+    at = _number(raw_at)
     if not math.isfinite(at):
         raise TraceError(f"line {line}: timestamp {raw_at!r} is not a number of seconds; write e.g. 12.5")
     client_id = normalize_client_id(raw_client)
@@ -205,16 +202,21 @@ def _document(line: int, row: list[str]) -> tuple[float, str, float, int]:
         raise TraceError(
             f"line {line}: the client_id is empty; give every document the client id the router counts"
         )
-    try:
-        duration = float(raw_duration)
-    except ValueError:
-        duration = math.nan
+    duration = _number(raw_duration)
     if not (math.isfinite(duration) and duration > 0):
         raise TraceError(
             f"line {line}: duration {raw_duration!r} is not a positive number of seconds; "
             "write how long the document holds a worker, e.g. 0.05"
         )
     return at, client_id, duration, ONE
+
+
+def _number(raw: str) -> float:
+    """``raw`` as a float; NaN when it is not a number."""
+    try:
+        return float(raw)
+    except ValueError:
+        return math.nan
 
 
 def _costed_document(line: int, row: list[str]) -> tuple[float, str, float, int]:

@@ -11,6 +11,7 @@ publishes them.
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -64,10 +65,7 @@ class NoisyNeighbour:
         length = _lengths(self.seed, self.doc_seconds, self.jitter)
         for n in range(self.heavy):
             yield Document("heavy", "heavy", f"h{n}", length(), 0.0)
-        light = [(c, d) for d in range(self.light_docs) for c in range(self.light_clients)]
-        gap = self.light_spread / max(1, len(light))
-        for i, (c, d) in enumerate(light):
-            yield Document("light", f"light{c:02d}", f"l{c}-{d}", length(), self.light_start + i * gap)
+        yield from _light(self.light_clients, self.light_docs, self.light_start, self.light_spread, length)
 
     def trace(self) -> Trace:
         return _open_trace(self.documents())
@@ -76,6 +74,19 @@ class NoisyNeighbour:
 def _lengths(seed: int, doc_seconds: float, jitter: float) -> Callable[[], float]:
     rng = random.Random(seed)
     return lambda: doc_seconds * (1 + jitter * (2 * rng.random() - 1))
+
+
+def _light(
+    clients: int, docs: int, start: float, spread: float, length: Callable[[], float]
+) -> list[Document]:
+    """``docs`` documents from each of ``clients`` light clients (``light00``, ...), evenly
+    spread over ``spread`` seconds from ``start``, client after client in turn."""
+    light = [(c, d) for d in range(docs) for c in range(clients)]
+    gap = spread / max(1, len(light))
+    return [
+        Document("light", f"light{c:02d}", f"l{c}-{d}", length(), start + i * gap)
+        for i, (c, d) in enumerate(light)
+    ]
 
 
 @dataclass(frozen=True)
@@ -152,12 +163,7 @@ class HeavyMix:
             for i, size in enumerate(self.heavy)
             for n in range(size)
         ]
-        light = [(c, d) for d in range(self.light_docs) for c in range(self.light_clients)]
-        gap = self.light_spread / max(1, len(light))
-        docs += [
-            Document("light", f"light{c:02d}", f"l{c}-{d}", length(), self.light_start + i * gap)
-            for i, (c, d) in enumerate(light)
-        ]
+        docs += _light(self.light_clients, self.light_docs, self.light_start, self.light_spread, length)
         return sorted(docs, key=lambda doc: doc.at)  # stable: a dump stays in order
 
     def trace(self) -> Trace:
@@ -247,18 +253,8 @@ class SlowNeighbour:
             Document("heavy", "heavy", f"h{n}", length(self.heavy_seconds, self.heavy_jitter), n * every)
             for n in range(self.heavy)
         ]
-        light = [(c, d) for d in range(self.light_docs) for c in range(self.light_clients)]
-        gap = self.light_spread / max(1, len(light))
-        docs += [
-            Document(
-                "light",
-                f"light{c:02d}",
-                f"l{c}-{d}",
-                length(self.light_seconds, self.light_jitter),
-                self.light_start + i * gap,
-            )
-            for i, (c, d) in enumerate(light)
-        ]
+        light = functools.partial(length, self.light_seconds, self.light_jitter)
+        docs += _light(self.light_clients, self.light_docs, self.light_start, self.light_spread, light)
         return sorted(docs, key=lambda doc: doc.at)
 
     def trace(self) -> Trace:
@@ -312,12 +308,7 @@ class Giants:
             for i, size in enumerate(self.medium)
             for n in range(size)
         ]
-        light = [(c, d) for d in range(self.light_docs) for c in range(self.light_clients)]
-        gap = self.light_spread / max(1, len(light))
-        docs += [
-            Document("light", f"light{c:02d}", f"l{c}-{d}", length(), self.light_start + i * gap)
-            for i, (c, d) in enumerate(light)
-        ]
+        docs += _light(self.light_clients, self.light_docs, self.light_start, self.light_spread, length)
         return sorted(docs, key=lambda doc: doc.at)
 
     def trace(self) -> Trace:

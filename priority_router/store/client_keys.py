@@ -9,14 +9,17 @@ master, and redis-py's ``scan_iter`` walks every master with a cursor of its own
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import itertools
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 
 from .client_ids import client_key, glob_escape
 from .costs import RESOLUTION, as_count, extras_value, sentinel_extras
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -124,30 +127,15 @@ class ClientKeys:
 
     def scan(self, count: int = 500) -> Iterator[CounterState]:
         """Every tracked client, read in batches of ``count``."""
-        batch: list[str] = []
-        for key in self._redis.scan_iter(match=self._pattern, count=count):
-            batch.append(key.decode() if isinstance(key, bytes) else key)
-            if len(batch) >= count:
-                yield from self._read_keys(batch)
-                batch = []
-        if batch:
+        for batch in scanned(self._redis, self._pattern, count):
             yield from self._read_keys(batch)
 
     def clear_all(self, count: int = 500) -> int:
         """Forget every client on every master; returns how many keys were deleted."""
-        deleted = 0
-        batch: list[bytes | str] = []
         # On Redis Cluster, redis-py splits ``unlink(*keys)`` into one UNLINK per hash slot,
         # so a batch whose keys live on several masters never sends a cross-slot command.
-        for pattern in (self._pattern, self._companion_pattern):
-            for key in self._redis.scan_iter(match=pattern, count=count):
-                batch.append(key)
-                if len(batch) >= count:
-                    deleted += int(self._redis.unlink(*batch))
-                    batch = []
-        if batch:
-            deleted += int(self._redis.unlink(*batch))
-        return deleted
+        keys = (self._redis.scan_iter(match=p, count=count) for p in (self._pattern, self._companion_pattern))
+        return sum(int(self._redis.unlink(*batch)) for batch in batched(itertools.chain(*keys), count))
 
     def _read_keys(self, keys: list[str]) -> Iterator[CounterState]:
         clients = [self._layout.client_of(self._prefix, key) for key in keys]
@@ -163,3 +151,21 @@ class ClientKeys:
             state = self._state(client_id, key, *replies[3 * i : 3 * i + 3])
             if state is not None:
                 yield state
+
+
+def batched(items: Iterable[T], size: int) -> Iterator[list[T]]:
+    """``items`` in lists of ``size``, the last one shorter (``itertools.batched`` from 3.12)."""
+    batch: list[T] = []
+    for item in items:
+        batch.append(item)
+        if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def scanned(client: redis.Redis, pattern: str, count: int) -> Iterator[list[str]]:
+    """The keys matching ``pattern``, as text, in SCAN batches of ``count``."""
+    keys = client.scan_iter(match=pattern, count=count)
+    return batched((key.decode() if isinstance(key, bytes) else key for key in keys), count)

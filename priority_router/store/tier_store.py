@@ -29,6 +29,7 @@ from .client_ids import (
     tier_key,
     tiers_in_use_key,
 )
+from .client_keys import scanned
 from .writes import Writes
 
 logger = logging.getLogger("priority_router")
@@ -149,13 +150,7 @@ class TierStore:
 
     def scan(self, count: int = 500) -> Iterator[tuple[str, Tier | ConfigurationError]]:
         """Every client with a tier of its own, and its tier (or why it cannot be read)."""
-        batch: list[str] = []
-        for key in self._redis.scan_iter(match=self._pattern, count=count):
-            batch.append(key.decode() if isinstance(key, bytes) else key)
-            if len(batch) >= count:
-                yield from self._read(batch)
-                batch = []
-        if batch:
+        for batch in scanned(self._redis, self._pattern, count):
             yield from self._read(batch)
 
     def _read(self, keys: list[str]) -> Iterator[tuple[str, Tier | ConfigurationError]]:

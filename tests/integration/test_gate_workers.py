@@ -17,9 +17,9 @@ import pytest
 import redis
 from celery import Celery
 from support.services import Worker, broker_db_url, close_app, fast_redelivery, running_worker
+from support.simulation import most_at_once
 
 from priority_router import PriorityRouter
-from priority_router.simulation.metrics import most_at_once
 from workers.app import create_app
 
 TRACK = "tests.track_running"

@@ -111,7 +111,7 @@ def test_mixed_sizes_is_long_scans_next_to_short_invoices() -> None:
 
 
 def test_most_at_once_counts_overlapping_spans_and_not_touching_ones() -> None:
-    from priority_router.simulation.metrics import most_at_once
+    from support.simulation import most_at_once
 
     assert most_at_once([(0, 2), (1, 3), (2, 4)]) == 2  # the first ends as the third starts
     assert most_at_once(iter([(0, 5), (1, 2), (1.5, 3)])) == 3
