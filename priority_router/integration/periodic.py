@@ -1,10 +1,12 @@
 """A worker's daemon thread that does one step every few seconds and says, once, when its
-steps start failing and when they work again (the ``max_wait`` sweeper, the gate's thread)."""
+steps start failing and when they have worked again for a while (the ``max_wait`` sweeper,
+the gate's thread)."""
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 
 logger = logging.getLogger("priority_router")
 
@@ -15,11 +17,16 @@ class Periodic:
     #: What the step is, and what goes on without it, for the WARNING of a failure.
     doing = "the step"
     meanwhile = "nothing else changes"
+    #: Seconds the steps must keep working before a failing thread says it works again:
+    #: a store that takes reads but refuses writes (over ``maxmemory``, unable to evict)
+    #: fails every few steps, and is one failure, not a WARNING and an INFO each time.
+    steady = 10.0
 
     def __init__(self, name: str, interval: float) -> None:
         self.interval = interval
         self._stopped = threading.Event()
         self._failing = False
+        self._working_since: float | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     def step(self) -> bool:
@@ -45,6 +52,7 @@ class Periodic:
                 worked = self.step()
             except Exception as exc:
                 self.on_failure()
+                self._working_since = None
                 if not self._failing:
                     logger.warning(
                         "priority-router: %s failed (%s: %s); %s until it works again "
@@ -60,5 +68,8 @@ class Periodic:
                 self._failing = True
                 continue
             if self._failing and worked:
-                logger.info("priority-router: %s works again", self.doing)
-                self._failing = False
+                now = time.monotonic()
+                self._working_since = self._working_since or now
+                if now - self._working_since >= self.steady:
+                    logger.info("priority-router: %s works again", self.doing)
+                    self._failing, self._working_since = False, None

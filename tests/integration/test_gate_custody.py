@@ -235,14 +235,16 @@ def test_a_store_that_evicts_the_gates_keys_under_maxmemory_loses_no_held_docume
     with running_worker(env, "-P", "threads", "-c", "4") as worker:
         _wait(lambda: router.gate_state("bulk").held >= 6, "documents were not held", log=worker.output)
         admin.config_set("maxmemory-policy", "allkeys-random")
-        admin.config_set("maxmemory", admin.info("memory")["used_memory"] + 256 * 1024)
+        # 2 MB over what it holds: with less, the connections' own buffers on a loaded
+        # machine took it over maxmemory with nothing left to evict, and a store that
+        # refuses writes keeps held documents waiting (caps.md), which is not this test.
+        admin.config_set("maxmemory", admin.info("memory")["used_memory"] + 2 * 1024 * 1024)
         filler = "x" * 1024
-        for i in range(4000):
+        for i in range(8000):
             admin.set(f"filler:{i}", filler)
         # Most of what was there before the filler went, the gate's keys most likely with it.
-        assert admin.info("stats")["evicted_keys"] > 3000
-        for doc in docs:
-            doc.get(timeout=60)
+        assert admin.info("stats")["evicted_keys"] > 5000
+        _wait(lambda: all(doc.ready() for doc in docs), "not every document ran", 60, worker.output)
     assert _runs(runs, env, docs) == [1] * 10
 
 

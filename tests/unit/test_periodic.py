@@ -15,8 +15,9 @@ class Scripted(Periodic):
     doing = "the test's sweep"
     meanwhile = "nothing moves"
 
-    def __init__(self, outcomes: list[object]) -> None:
+    def __init__(self, outcomes: list[object], steady: float) -> None:
         super().__init__("scripted", 0.001)
+        self.steady = steady
         self.outcomes = outcomes
         self.done = threading.Event()
 
@@ -30,8 +31,8 @@ class Scripted(Periodic):
         return bool(outcome)
 
 
-def _run(outcomes: list[object], caplog: pytest.LogCaptureFixture) -> list[str]:
-    loop = Scripted(outcomes)
+def _run(outcomes: list[object], caplog: pytest.LogCaptureFixture, steady: float = 0) -> list[str]:
+    loop = Scripted(outcomes, steady)
     with caplog.at_level(logging.DEBUG, "priority_router"):
         loop.start()
         assert loop.done.wait(5)
@@ -55,3 +56,15 @@ def test_each_outage_is_said_once(caplog: pytest.LogCaptureFixture) -> None:
         "priority-router: the test's sweep failed",
         "priority-router: the test's sweep works again",
     ]
+
+
+def test_a_store_that_fails_every_other_step_is_one_failure_said_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A store over ``maxmemory`` that cannot evict answers reads and refuses writes: the
+    gate's steps alternate, and each pair said "failed" and "works again" every 2 s."""
+    oom = ConnectionError("OOM command not allowed when used memory > 'maxmemory'")
+    said = _run([oom, True] * 20, caplog, steady=0.5)
+    assert [m.split(" (")[0] for m in said] == ["priority-router: the test's sweep failed"]
+    said = _run([oom, True, oom] + [True] * 400, caplog, steady=0.05)  # then it truly works
+    assert [m.split(" (")[0] for m in said][-1] == "priority-router: the test's sweep works again"
