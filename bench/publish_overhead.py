@@ -29,11 +29,19 @@ counts costs (the check then reads the client's extras), and documents that each
 ``priority_router_cost`` header (the check adds to the extras).  ``--modes seed,seed:capped``
 measures publishes of clients that each have a cap and a rate (publishers never read limits:
 the workers' gate does).
+
+``--cluster N`` puts the router's counter on a local Redis Cluster of ``N`` masters without
+replicas (the broker stays on the one Redis), and the ``PING`` blocks and the floor's
+``PING`` go to the master that serves each document's client, as its check does: the
+floor is then one round trip to the same master.
+
+    python bench/publish_overhead.py --cluster 3 [--processes 3] [--blocks 30] [--block 100]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -66,11 +74,14 @@ def base_mode(mode: str) -> str:
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 
-def child(redis_url: str, blocks: int, block: int, modes: list[str]) -> dict[str, Any]:
+def child(
+    redis_url: str, blocks: int, block: int, modes: list[str], store: str | None = None
+) -> dict[str, Any]:
     import redis
     from celery import Celery
     from celery.signals import before_task_publish
 
+    from bench.floor import close_all, ping_receiver, pinged_servers
     from priority_router.integration import install
     from workers.app import create_app
     from workers.local_redis import RedisDatabases
@@ -79,7 +90,7 @@ def child(redis_url: str, blocks: int, block: int, modes: list[str]) -> dict[str
     env = {
         "BROKER_URL": RedisDatabases.from_url(redis_url).broker,
         "DOCUMENT_QUEUE": f"overhead-{tag}",
-        "PRIORITY_ROUTER_REDIS_URL": RedisDatabases.from_url(redis_url).counter,
+        "PRIORITY_ROUTER_REDIS_URL": store or RedisDatabases.from_url(redis_url).counter,
         "PRIORITY_ROUTER_KEY_PREFIX": f"overhead-{tag}:",
         "PRIORITY_ROUTER_CONSUMER_CHECK_INTERVAL": "0",
     }
@@ -98,7 +109,10 @@ def child(redis_url: str, blocks: int, block: int, modes: list[str]) -> dict[str
         )
         for mode in modes
     }
-    ping = redis.Redis.from_url(RedisDatabases.from_url(redis_url).counter)
+    clients = [f"c{n}" for n in range(100)]
+    # The server each document's PING goes to: the counter's, or on a cluster its client's master.
+    by_client = pinged_servers(env["PRIORITY_ROUTER_REDIS_URL"], clients)
+    pinged = [by_client[c] for c in clients]
     for mode in modes:
         if mode.endswith(TIERED):
             from priority_router.router import installed_router
@@ -149,12 +163,11 @@ def child(redis_url: str, blocks: int, block: int, modes: list[str]) -> dict[str
 
     def pings(count: int) -> float:
         started = time.perf_counter()
-        for _ in range(count):
-            ping.ping()
+        for n in range(count):
+            pinged[n % 100].ping()
         return (time.perf_counter() - started) / count
 
-    def one_ping(**_: Any) -> None:
-        ping.ping()
+    one_ping = ping_receiver(by_client)
 
     def floor(count: int) -> float:
         before_task_publish.connect(one_ping, dispatch_uid="publish-overhead-floor", weak=False)
@@ -179,8 +192,10 @@ def child(redis_url: str, blocks: int, block: int, modes: list[str]) -> dict[str
             for name in order:
                 times[name].append(ways[name](block))
     finally:
-        for key in ping.scan_iter(match=f"overhead-{tag}:*"):
-            ping.unlink(key)
+        for server in {id(s): s for s in pinged}.values():
+            for key in server.scan_iter(match=f"overhead-{tag}*"):
+                server.unlink(key)
+        close_all(by_client)
         # The queue, its priority lists (one per step) and its bindings, whichever app made them.
         with redis.Redis.from_url(env["BROKER_URL"]) as broker:
             for pattern in (f"overhead-{tag}*", f"_kombu.binding*.overhead-{tag}"):
@@ -188,13 +203,14 @@ def child(redis_url: str, blocks: int, block: int, modes: list[str]) -> dict[str
                     broker.unlink(key)
         for app in (plain, *routed.values()):
             app.close()
-        ping.close()
     floor_added = [f - p for p, f in zip(times["plain"], times["floor"], strict=True)]
     row: dict[str, Any] = {
         "plain_us": statistics.median(times["plain"]) * 1e6,
         "ping_us": statistics.median(times["ping"]) * 1e6,
         "floor_us": statistics.median(floor_added) * 1e6,
         "floor_pings": statistics.median(f / p for f, p in zip(floor_added, times["ping"], strict=True)),
+        "floor_cpu_us": statistics.median(f - p for p, f in zip(cpu["plain"], cpu["floor"], strict=True))
+        * 1e6,
     }
     added = {}
     for mode in modes:
@@ -208,6 +224,11 @@ def child(redis_url: str, blocks: int, block: int, modes: list[str]) -> dict[str
             ),
             # The publishing process's own CPU (user + system), without the Redis server's.
             "added_cpu_us": statistics.median(r - p for p, r in zip(cpu["plain"], cpu[mode], strict=True))
+            * 1e6,
+            # Beyond the floor's one round trip, block beside block: the router's own CPU.
+            "beyond_floor_cpu_us": statistics.median(
+                r - f for f, r in zip(cpu["floor"], cpu[mode], strict=True)
+            )
             * 1e6,
         }
     for mode in modes[1:]:
@@ -239,6 +260,10 @@ def main() -> None:
         "for the same where a tier is stored, so each check reads the tier); blocks of each "
         "alternate, and every mode after the first is also compared with the first, block beside block",
     )
+    parser.add_argument(
+        "--cluster", type=int, help="the router's counter on a local Redis Cluster of N masters"
+    )
+    parser.add_argument("--store", help=argparse.SUPPRESS)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -249,28 +274,37 @@ def main() -> None:
     if unknown or not modes or len(set(modes)) != len(modes):
         parser.error(f"--modes takes distinct modes among {', '.join(sorted(known))}, not {args.modes!r}")
     if args.child:
-        print(json.dumps(child(redis_url, args.blocks, args.block, modes)))
+        print(json.dumps(child(redis_url, args.blocks, args.block, modes, args.store)))
         return
 
     rows = []
-    for _ in range(max(1, args.processes)):
-        command = [sys.executable, __file__, "--child", "--redis", redis_url]
-        command += ["--blocks", str(args.blocks), "--block", str(args.block), "--modes", ",".join(modes)]
-        done = subprocess.run(command, capture_output=True, text=True, check=True)
-        rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    with contextlib.ExitStack() as stack:
+        store = None
+        if args.cluster:
+            from support.cluster import running_cluster
+
+            store = stack.enter_context(running_cluster(masters=args.cluster, replicas=0)).url
+        for _ in range(max(1, args.processes)):
+            command = [sys.executable, __file__, "--child", "--redis", redis_url]
+            command += ["--blocks", str(args.blocks), "--block", str(args.block), "--modes", ",".join(modes)]
+            command += ["--store", store] if store else []
+            done = subprocess.run(command, capture_output=True, text=True, check=True)
+            rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
     if args.json:
         print(json.dumps({"modes": modes, "processes": rows}, indent=2))
         return
+    where = f"counter on a {args.cluster}-master cluster" if args.cluster else "counter on the same Redis"
     print(
         f"{len(rows)} publisher processes x {args.blocks} alternating blocks of {args.block}, "
-        f"Redis broker, modes {', '.join(modes)}, medians"
+        f"Redis broker, {where}, modes {', '.join(modes)}, medians"
     )
     print(
         "| process | mode | plain us/publish | router us/publish | added us | PING us | added in PINGs "
-        "| floor: one PING from the hook, us | floor in PINGs | added in floors | added CPU us |"
+        "| floor: one PING from the hook, us | floor in PINGs | added in floors | added CPU us "
+        "| floor's added CPU us | CPU beyond the floor's us |"
         + "".join(f" vs {modes[0]} | CPU vs {modes[0]} |" for _ in modes[1:2])
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|" + "---|---|" * min(1, len(modes) - 1))
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|" + "---|---|" * min(1, len(modes) - 1))
     for i, r in enumerate(rows, 1):
         for mode in modes:
             m = r[mode]
@@ -282,16 +316,20 @@ def main() -> None:
             print(
                 f"| {i} | {mode} | {r['plain_us']:.0f} | {m['router_us']:.0f} | {m['added_us']:.0f} | "
                 f"{r['ping_us']:.0f} | {m['added_pings']:.2f} | {r['floor_us']:.0f} | "
-                f"{r['floor_pings']:.2f} | {m['added_floors']:.2f} | {m['added_cpu_us']:.0f} |{versus}"
+                f"{r['floor_pings']:.2f} | {m['added_floors']:.2f} | {m['added_cpu_us']:.0f} | "
+                f"{r['floor_cpu_us']:.0f} | {m['beyond_floor_cpu_us']:.0f} |{versus}"
             )
     for mode in modes:
         added = statistics.median(r[mode]["added_us"] for r in rows)
         pings = statistics.median(r[mode]["added_pings"] for r in rows)
         floors = statistics.median(r[mode]["added_floors"] for r in rows)
         added_cpu = statistics.median(r[mode]["added_cpu_us"] for r in rows)
+        beyond = statistics.median(r[mode]["beyond_floor_cpu_us"] for r in rows)
+        beyond_range = [r[mode]["beyond_floor_cpu_us"] for r in rows]
         line = (
             f"{mode}: adds {added:.0f} us = {pings:.2f} round trips = {floors:.2f} floors, "
-            f"{added_cpu:.0f} us of the publisher's CPU"
+            f"{added_cpu:.0f} us of the publisher's CPU, {beyond:.0f} us "
+            f"({min(beyond_range):.0f} to {max(beyond_range):.0f}) more than the floor's"
         )
         if mode != modes[0]:
             versus = statistics.median(r[mode][f"vs_{modes[0]}"] for r in rows)
@@ -300,7 +338,11 @@ def main() -> None:
         print(line)
     floor_us = statistics.median(r["floor_us"] for r in rows)
     floor_pings = statistics.median(r["floor_pings"] for r in rows)
-    print(f"one PING from the hook adds {floor_us:.0f} us = {floor_pings:.2f} round trips")
+    floor_cpu = statistics.median(r["floor_cpu_us"] for r in rows)
+    print(
+        f"one PING from the hook adds {floor_us:.0f} us = {floor_pings:.2f} round trips, "
+        f"{floor_cpu:.0f} us of the publisher's CPU"
+    )
 
 
 if __name__ == "__main__":
