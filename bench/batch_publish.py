@@ -105,12 +105,16 @@ def main() -> None:
             rates[kind].append(row["docs_per_s"])
     medians = {kind: statistics.median(values) for kind, values in rates.items()}
     print(f"{args.documents} documents of one client, Redis broker, {args.repeat} alternating runs, medians")
-    print("| publishing | documents/s | vs plain, same way |")
-    print("|---|---|---|")
+    print("| publishing | documents/s | range | vs plain, same way | each round vs its plain |")
+    print("|---|---|---|---|---|")
     for kind in KINDS:
-        base = medians["plain " + kind.split(" ", 1)[1]]
-        print(f"| {kind} | {medians[kind]:.0f} | {medians[kind] / base:.2f}x |")
-    print(json.dumps(medians))
+        plain = rates["plain " + kind.split(" ", 1)[1]]
+        ratios = [r / p for r, p in zip(rates[kind], plain, strict=True)]
+        print(
+            f"| {kind} | {medians[kind]:.0f} | {min(rates[kind]):.0f}-{max(rates[kind]):.0f} | "
+            f"{medians[kind] / statistics.median(plain):.2f}x | {min(ratios):.2f}-{max(ratios):.2f}x |"
+        )
+    print(json.dumps({"medians": medians, "runs": rates}))
 
 
 if __name__ == "__main__":

@@ -89,13 +89,20 @@ def main() -> None:
         # Each round's figure is divided by the PING of the same round.
         pings = times["ping"]
         print(f"{args.rounds} interleaved rounds of {args.checks} checks, {args.clients} clients")
-        print("| way | median us/check | in PINGs (median of rounds) |")
-        print("|---|---|---|")
+        print("| way | median us/check | in PINGs (median of rounds) | in PINGs (range of rounds) |")
+        print("|---|---|---|---|")
         summary = {}
         for name, values in times.items():
-            ratio = statistics.median(v / p for v, p in zip(values, pings, strict=True))
-            summary[name] = {"us": statistics.median(values) * 1e6, "pings": ratio}
-            print(f"| {name} | {summary[name]['us']:.1f} | {ratio:.2f} |")
+            ratios = [v / p for v, p in zip(values, pings, strict=True)]
+            ratio = statistics.median(ratios)
+            summary[name] = {
+                "us": statistics.median(values) * 1e6,
+                "pings": ratio,
+                "pings_range": [min(ratios), max(ratios)],
+            }
+            print(
+                f"| {name} | {summary[name]['us']:.1f} | {ratio:.2f} | {min(ratios):.2f}-{max(ratios):.2f} |"
+            )
         print(json.dumps(summary))
     finally:
         for key in client.scan_iter(match=PREFIX + "*"):

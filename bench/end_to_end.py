@@ -309,7 +309,11 @@ def run(mode: str, args: argparse.Namespace, redis_url: str, store: str | None =
         counted = None
         if mode == "inflight":
             # Every document ran, so every one must have been ended: nothing left in flight.
-            left = counter.keys(glob_escape(env["PRIORITY_ROUTER_KEY_PREFIX"]) + "*")
+            # Only the in-flight lists count: a client's order key outlives its ends by design
+            # (its TTL is the idle reset), so a prefix-wide count reported every client.
+            from priority_router.store.client_ids import INFLIGHT_SUFFIX
+
+            left = counter.keys(glob_escape(env["PRIORITY_ROUTER_KEY_PREFIX"]) + "*" + INFLIGHT_SUFFIX)
             counted = -len(left) if left else 0
         if mode == "router":
             from priority_router.store.client_ids import client_key

@@ -90,14 +90,23 @@ def _row(pool: str, got: dict[str, list[dict[str, float]]]) -> str:
     def each(mode: str, key: str) -> str:
         return "/".join(str(int(r[key])) for r in got[mode])
 
+    def spread(mode: str, key: str, scale: float = 1.0) -> str:
+        values = [r[key] * scale for r in got[mode]]
+        return (
+            f"({min(values):.2f}-{max(values):.2f})"
+            if scale == 1.0
+            else f"({min(values):.0f}-{max(values):.0f})"
+        )
+
     ratio = med("plain", "drain") / med("router", "drain")
+    ratios = [p["drain"] / r["drain"] for p, r in zip(got["plain"], got["router"], strict=True)]
     cells = [
         f"{pool} -c {CONCURRENCY[pool]}",
-        f"{med('plain', 'drain'):.2f} s",
-        f"{med('router', 'drain'):.2f} s",
-        f"{ratio:.2f}x",
-        f"{med('plain', 'light_p95') * 1000:.0f} ms",
-        f"{med('router', 'light_p95') * 1000:.0f} ms",
+        f"{med('plain', 'drain'):.2f} s {spread('plain', 'drain')}",
+        f"{med('router', 'drain'):.2f} s {spread('router', 'drain')}",
+        f"{ratio:.2f}x (each round {min(ratios):.2f}-{max(ratios):.2f}x)",
+        f"{med('plain', 'light_p95') * 1000:.0f} ms {spread('plain', 'light_p95', 1000)}",
+        f"{med('router', 'light_p95') * 1000:.0f} ms {spread('router', 'light_p95', 1000)}",
         f"{each('plain', 'twice')} / {each('router', 'twice')}",
         f"{each('plain', 'critical')} / {each('router', 'critical')}",
     ]
