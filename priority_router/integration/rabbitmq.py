@@ -27,7 +27,7 @@ class QueueNotPriorityError(ConfigurationError):
     """Existing RabbitMQ queues were declared without ``x-max-priority``."""
 
     def __init__(
-        self, queues: str | list[str], detail: str, vhost: str = "/", other_type: bool | None = None
+        self, queues: str | list[str], detail: str, vhost: str = "/", other_type: bool = False
     ) -> None:
         names = [queues] if isinstance(queues, str) else list(queues)
         shown = ", ".join(repr(q) for q in names)
@@ -35,23 +35,24 @@ class QueueNotPriorityError(ConfigurationError):
         exists = f"{they} on RabbitMQ (vhost {vhost!r})"
         #: The queue exists as another type (classic or quorum) than the app declares: no
         #: question of priorities, RabbitMQ refuses the declaration itself.
-        self.other_type = "'x-queue-type'" in detail if other_type is None else other_type
-        if self.other_type:
-            super().__init__(
-                f"queue {shown}" if len(names) == 1 else f"queues {shown}",
+        self.other_type = other_type
+        if other_type:
+            problem = (
                 f"{exists} as another queue type than this app declares, so RabbitMQ refuses this "
-                f"app's declaration ({detail})",
+                f"app's declaration ({detail})"
+            )
+            fix = (
                 "declare it as it exists (a classic queue gets x-max-priority from install(); a quorum "
                 "queue takes x-queue-type: quorum), or move its documents to a queue of the type you "
-                "want (the Brokers page of the docs, 'From a quorum queue to a priority queue')",
+                "want (the Brokers page of the docs, 'From a quorum queue to a priority queue')"
             )
         else:
-            super().__init__(
-                f"queue {shown}" if len(names) == 1 else f"queues {shown}",
+            problem = (
                 f"{exists} with other arguments than x-max-priority={AMQP_MAX_PRIORITY}, so RabbitMQ "
-                f"cannot apply priorities to {'it' if len(names) == 1 else 'them'} ({detail})",
-                drain_and_delete(names, vhost),
+                f"cannot apply priorities to {'it' if len(names) == 1 else 'them'} ({detail})"
             )
+            fix = drain_and_delete(names, vhost)
+        super().__init__(f"queue {shown}" if len(names) == 1 else f"queues {shown}", problem, fix)
         self.queue = names[0]
         self.queues = names
         self.vhost = vhost
