@@ -18,7 +18,9 @@ documents these as public, so each has a test that fails when a release changes 
 - the worker's prefetch multiplier (``WorkController.prefetch_multiplier``), which the
   consumer is built from after ``worker_init``;
 - the consumer's prefetch window (``Consumer.qos``, ``Consumer.initial_prefetch_count``),
-  which ``window.py`` widens by one document while documents are short.
+  which ``window.py`` widens by one document while documents are short;
+- the callbacks kombu's event loop has queued for its next turn (``Hub._ready``), which
+  ``solo_loop.py`` wakes the loop for.
 """
 
 from __future__ import annotations
@@ -160,3 +162,8 @@ def resize_prefetch(consumer: Any, by: int) -> bool:
         qos.decrement_eventually(-by)
     qos.update()
     return True
+
+
+def loop_callbacks_queued(hub: Any) -> bool:
+    """Whether kombu's event loop ``hub`` has callbacks queued for its next turn."""
+    return bool(hub._ready)

@@ -59,6 +59,7 @@ from .publish import PublishReceiver
 from .publisher_pause import PublishPause
 from .rabbitmq import QUORUM_PRIORITIES, check_worker_queues, quorum_queue_names, quorum_queues_are
 from .sender import publishing_app, unwrap_sender, wrap_sender
+from .solo_loop import watch_solo_loop
 from .starvation import AMQP_FIX, AMQP_REFUSAL, start_sweeper
 from .window import watch_window
 from .worker import unwatch, watch_queue_wait
@@ -186,6 +187,7 @@ def _settle(app: Celery, installation: Installation, publisher: bool = False) ->
         watch_gate(app)  # documents over their client's limits wait, on workers
         watch_old_kombu(app)  # a threads worker's loop woken on a kombu before 5.7
         watch_window(app)  # a prefork worker on RabbitMQ takes one document ahead
+        watch_solo_loop(app)  # a solo worker's loop does not sleep on its own acks
     watch_endings()  # the end of each counted or gated document, on workers
     typos = unknown_celery_settings(app.conf)
     if typos and first_time(warned, "typos"):

@@ -4,6 +4,7 @@ the installed versions: each test fails when a release changes what the router r
 from __future__ import annotations
 
 import inspect
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -13,6 +14,7 @@ import pytest
 from celery import Celery
 from celery.worker import state
 from celery.worker.request import Request
+from kombu.asynchronous import Hub
 from kombu.message import Message
 
 from priority_router.integration import celery_internals as internals
@@ -207,3 +209,20 @@ def test_a_workers_prefetch_multiplier_is_read_from_its_attribute_when_its_consu
     worker = mock.Mock(prefetch_multiplier=4)
     assert internals.set_prefetch_multiplier(worker, 1) and worker.prefetch_multiplier == 1
     assert not internals.set_prefetch_multiplier(worker, 1)
+
+
+def test_kombus_loop_reports_the_callbacks_queued_for_its_next_turn() -> None:
+    hub = Hub()
+    read, write = os.pipe()
+    hub.add_reader(read, os.read, read, 1)
+    try:
+        assert not internals.loop_callbacks_queued(hub)
+        hub.call_soon(lambda: None)
+        assert internals.loop_callbacks_queued(hub)
+        os.write(write, b"x")  # the loop's poll returns at once
+        next(hub.create_loop())
+        assert not internals.loop_callbacks_queued(hub)
+    finally:
+        hub.close()
+        os.close(read)
+        os.close(write)
