@@ -54,7 +54,13 @@ def make_client(url: str, connect_timeout: float, socket_timeout: float) -> redi
     hosts, service, db, username, password, tls = sentinel_parts(url)
     sentinel = Sentinel(  # type: ignore[no-untyped-call]
         hosts,
-        sentinel_kwargs={"socket_connect_timeout": connect_timeout, "socket_timeout": socket_timeout},
+        # Without retry=None redis-py retries each Sentinel with backoff: one that accepts
+        # and never answers held a publish about 5 s.
+        sentinel_kwargs={
+            "socket_connect_timeout": connect_timeout,
+            "socket_timeout": socket_timeout,
+            "retry": None,
+        },
         **options,
     )
     master: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]

@@ -5,6 +5,7 @@ about a second of the Sentinels naming it, from the counts it had replicated."""
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 import uuid
@@ -119,3 +120,29 @@ def test_publishes_keep_going_through_a_sentinel_failover(
     for client in CLIENTS:
         resumed = next(p for _, c, reason, p in after[first:] if c == client and reason == "counted")
         assert resumed == counted_before[client] - 1
+
+
+@pytest.mark.parametrize("broker_url", ["redis"], indirect=True)
+def test_a_sentinel_that_accepts_and_never_answers_does_not_stall_a_publish(
+    sentinel: LocalSentinel, worker_env: dict[str, str]
+) -> None:
+    queue = f"sentinel-{uuid.uuid4().hex[:8]}"
+    with socket.socket() as hung:  # the kernel accepts its connections; nothing ever answers
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(64)
+        first = f"redis+sentinel://127.0.0.1:{hung.getsockname()[1]},"
+        url = sentinel.url(0).replace("redis+sentinel://", first)
+        app = create_app({**worker_env, "DOCUMENT_QUEUE": queue, "PRIORITY_ROUTER_REDIS_URL": url})
+        try:
+            took = []
+            for client in CLIENTS:
+                started = time.monotonic()
+                app.send_task("workers.process_document", (client, "d", 0), headers={"client_id": client})
+                took.append(time.monotonic() - started)
+            messages = drain(app, queue, expected=len(CLIENTS))
+        finally:
+            close_app(app)
+    # The hung Sentinel costs its read timeout (100 ms), then the next one answers; redis-py's
+    # default retries with backoff made it about 5 s.
+    assert max(took) < 1.5, took
+    assert {m.headers[H.REASON] for m in messages} == {"counted"}
