@@ -344,6 +344,24 @@ def unknown_celery_settings(conf: Mapping[str, Any]) -> dict[str, str | None]:
     return unknown
 
 
+#: ``PRIORITY_ROUTER_*`` variables that are not settings: the test suite's services and the
+#: migrate kill matrix's step (``ops/migrate_rabbitmq.py``).
+NOT_SETTINGS = ("PRIORITY_ROUTER_TEST_", "PRIORITY_ROUTER_MIGRATE_KILL_AFTER")
+
+
+def unknown_env_settings(environ: Mapping[str, str] | None = None) -> dict[str, str | None]:
+    """``PRIORITY_ROUTER_*`` variables that name no setting (typos), each with the closest
+    setting's variable, or None."""
+    environ = os.environ if environ is None else environ
+    known = [_env_name(f.name) for f in fields(RouterConfig)]
+    unknown: dict[str, str | None] = {}
+    for key in sorted(environ):
+        if key.startswith(ENV_PREFIX) and key not in known and not key.startswith(NOT_SETTINGS):
+            close = difflib.get_close_matches(key, known, n=1)
+            unknown[key] = close[0] if close else None
+    return unknown
+
+
 def written_as(key: str, name: str) -> str:
     """Setting ``name`` as the Celery key ``key`` is written: with its namespace, and upper
     case when the key is (``CELERY_PRIORITY_ROUTER_MODE``, ``priority_router_mode``)."""

@@ -339,3 +339,18 @@ def test_a_kept_queue_max_priority_is_warned_once_however_often_the_router_settl
         app.config_from_object({"task_default_queue": "capped"})
         assert app.conf.broker_url  # configuration reloaded: settles once more
     assert caplog.text.count("keeps your x-max-priority=5") == 1
+
+
+def test_a_misspelt_environment_variable_is_named_with_the_closest_one(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PRIORITY_ROUTER_REDIS_ULR", "redis://10.0.0.5:6379/0")
+    monkeypatch.setenv("PRIORITY_ROUTER_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")  # the suite's own
+    app = Celery("proj", set_as_current=False, broker="redis://127.0.0.1:1/0")
+    router().install(app)
+    with caplog.at_level(logging.WARNING, "priority_router"):
+        assert app.conf.broker_url  # the app configures itself: the router reads its settings
+    warnings = [r.getMessage() for r in caplog.records if "environment variable" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    assert "PRIORITY_ROUTER_REDIS_ULR (did you mean PRIORITY_ROUTER_REDIS_URL?)" in warnings[0]
+    assert "TEST_REDIS_URL" not in warnings[0]
