@@ -354,6 +354,8 @@ def _say_started(app: Celery, installation: Installation, transport: Transport) 
     config, conf = installation.engine.config, app.conf
     options = conf.broker_transport_options or {}
     shown = f", max_connections={options['max_connections']}" if "max_connections" in options else ""
+    if config.max_wait is not None:
+        shown += f", max_wait={config.max_wait:g} s"
     pool = installation.pool
     if pool is not None and pool.green and transport is Transport.AMQP:
         shown += f", broker_heartbeat={conf.broker_heartbeat}"  # the router set it, or kept yours

@@ -57,6 +57,7 @@ def test_overdue_heavy_documents_run_before_fresh_light_ones(env: dict[str, str]
         close_app(app)
 
     assert "served first (swept every 0.25 s)" in log, log
+    assert f"max_wait={MAX_WAIT:g} s" in log, log  # the worker's start-up line names it
     heavy_runs = [results[i] for i in heavy]
     assert max(r["priority"] for r in heavy_runs) >= 8  # strict priorities would starve these
     runs = sorted(results.values(), key=lambda r: r["started_at"])
