@@ -40,7 +40,20 @@ def watch_queue_wait(app: Celery, metrics: RouterMetrics, port: int | None) -> N
     def on_ready(sender: Any = None, **_: Any) -> None:
         if getattr(sender, "app", None) is not app_ref():
             return
-        served = serve(port)
+        try:
+            served = serve(port)
+        except OSError as exc:  # another process on this host serves that port
+            shared = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+            logger.error(
+                "priority-router cannot serve metrics on port %d (%s), so this worker serves none. "
+                "Fix: give each worker on a host its own metrics_port (0 picks a free one, logged)%s",
+                port,
+                exc.strerror or exc,
+                f", or leave it: a worker on this host serving {shared!r} shows this one's metrics too"
+                if shared
+                else "",
+            )
+            return
         logger.info("priority-router metrics on http://0.0.0.0:%d/metrics", served)
         pool = getattr(sender, "pool", None)
         if type(pool).__module__.endswith("prefork") and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):

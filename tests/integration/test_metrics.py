@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -111,3 +112,22 @@ def test_worker_counts_documents_held_by_their_clients_limits_and_released(
     assert held >= 1
     assert value(samples, "priority_router_released_total") == held
     assert value(samples, "priority_router_held_total", reason="rate") == 0
+
+
+def test_a_worker_whose_metrics_port_is_taken_says_so_once_and_runs(
+    producer: Callable[[], Celery], worker_env: dict[str, str]
+) -> None:
+    with socket.socket() as taken:  # another node of the host serves it (celery multi, one env)
+        taken.bind(("0.0.0.0", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        app = producer()
+        sent = app.send_task("workers.hold_document", ("acme", "d", 0), headers={"client_id": "acme"})
+        with running_worker(
+            {**worker_env, "PRIORITY_ROUTER_METRICS_PORT": str(port)}, "--pool", "solo"
+        ) as worker:
+            sent.get(timeout=60)
+            log = worker.output()
+    assert log.count(f"cannot serve metrics on port {port}") == 1, log
+    assert "own metrics_port (0 picks a free one" in log
+    assert "Traceback" not in log and "raised:" not in log, log
