@@ -55,7 +55,10 @@ def check_url(url: object) -> str:
         raise ConfigurationError(
             "redis_url",
             f"{redact_url(url)} cannot be used ({exc})",
-            "use redis://host:port/db with a numeric port and database number, e.g. redis://localhost:6379/0",
+            "use redis+sentinel://host:26379[,host:26379...]/service_name/db with numeric ports and "
+            "database, e.g. redis+sentinel://10.0.0.1:26379,10.0.0.2:26379/mymaster/0"
+            if scheme in SENTINEL_SCHEMES
+            else "use redis://host:port/db with a numeric port and database number, e.g. redis://localhost:6379/0",
         ) from None
     return url
 

@@ -22,6 +22,7 @@ import redis
 from celery import Celery
 from kombu.transport.redis import PRIORITY_STEPS as KOMBU_PRIORITY_STEPS
 from kombu.transport.redis import Channel as KombuRedisChannel
+from redis.sentinel import MasterNotFoundError
 
 from ..integration.app_queues import declare_routed, queue_names
 from ..integration.brokers import AMQP_MAX_PRIORITY, Transport, transport_of
@@ -49,7 +50,7 @@ from ..limits import Limits
 from ..redact import redact_url
 from ..router import PriorityRouter, engine_of, installed_router
 from ..store.client_ids import glob_escape
-from ..store.connection import is_cluster
+from ..store.connection import SENTINEL_FIX, is_cluster, store_error
 from ..store.gate import GateState
 from ..store.schema import SCHEMA, SchemaMismatch
 from ..thresholds import table_name
@@ -485,9 +486,11 @@ def _check_counter(app: Celery, transport: Transport) -> Iterator[Finding]:
         yield Finding(
             "counter store",
             False,
-            f"the counter store at {where} does not answer ({type(exc).__name__}: {exc}), so every "
+            f"the counter store at {where} does not answer ({store_error(exc)}), so every "
             f"document is published at default_priority={router.config.default_priority}",
-            "start Redis there, or point redis_url / PRIORITY_ROUTER_REDIS_URL at one that answers",
+            SENTINEL_FIX
+            if isinstance(exc, MasterNotFoundError)
+            else "start Redis there, or point redis_url / PRIORITY_ROUTER_REDIS_URL at one that answers",
         )
         return
     kind = "Redis Cluster" if cluster else "Redis"

@@ -27,7 +27,7 @@ from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
 from redis.exceptions import RedisClusterException
 from redis.retry import Retry
-from redis.sentinel import Sentinel
+from redis.sentinel import MasterNotFoundError, Sentinel
 
 from ..redis_urls import CLUSTER_SCHEMES, SENTINEL_SCHEMES, cluster_parts, sentinel_parts
 
@@ -155,3 +155,20 @@ def _cluster_client(url: str, connect_timeout: float, socket_timeout: float) -> 
         reinitialize_steps=1,
         **options,
     )
+
+
+#: What to check when no Sentinel names a master for the URL's service.
+SENTINEL_FIX = (
+    "check that the Sentinels answer and that the URL's service is one they monitor "
+    "(redis-cli -p 26379 SENTINEL MASTERS lists their names)"
+)
+
+
+def store_error(exc: BaseException) -> str:
+    """``exc`` in one line for a message: redis-py's error for a Sentinel service without a
+    master lists each Sentinel client's repr (about 1 KB); this says which case it is."""
+    if isinstance(exc, MasterNotFoundError):
+        head, _, errors = str(exc).partition(" : ")
+        why = "no Sentinel answered" if errors else "the Sentinels that answered name no master for it"
+        return f"{type(exc).__name__}: {head} ({why})"
+    return f"{type(exc).__name__}: {exc}"

@@ -6,6 +6,8 @@ about a second of the Sentinels naming it, from the counts it had replicated."""
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -146,3 +148,15 @@ def test_a_sentinel_that_accepts_and_never_answers_does_not_stall_a_publish(
     # default retries with backoff made it about 5 s.
     assert max(took) < 1.5, took
     assert {m.headers[H.REASON] for m in messages} == {"counted"}
+
+
+def test_a_service_the_sentinels_do_not_monitor_is_named_with_its_fix(sentinel: LocalSentinel) -> None:
+    url = sentinel.url(0).replace("/documents/", "/nosuch/")
+    status = subprocess.run(
+        [sys.executable, "-m", "priority_router", "--redis-url", url, "status"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    said = "No master found for 'nosuch' (the Sentinels that answered name no master for it)"
+    assert status.returncode != 0 and said in status.stdout + status.stderr, status

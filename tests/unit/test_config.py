@@ -47,6 +47,19 @@ def test_bad_settings_raise_configuration_error_naming_them(kwargs: dict, settin
     assert "Fix:" in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("url", "fix"),
+    [
+        ("redis+sentinel://127.0.0.1:26379", "redis+sentinel://host:26379[,host:26379...]/service_name/db"),
+        ("redis://localhost:6379/notadb", "redis://host:port/db"),
+    ],
+)
+def test_a_bad_url_is_fixed_in_its_own_scheme(url: str, fix: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        PriorityRouter(redis_url=url)
+    assert str(info.value).split("Fix:", 1)[1].strip().startswith(f"use {fix}"), str(info.value)
+
+
 def test_password_never_in_error() -> None:
     with pytest.raises(ConfigurationError) as info:
         PriorityRouter(redis_url="http://user:s3cret@host:1/0")
