@@ -399,7 +399,7 @@ class GateThread(Periodic):
     broker's index of holding queues."""
 
     doing = "the gate's sweep"
-    meanwhile = "held documents wait for their clients' running ones to end"
+    meanwhile = "documents a cap holds, if any, wait for their clients' running ones to end"
 
     def __init__(self, app: Celery, router: Engine, consumer: Any, concurrency: int) -> None:
         super().__init__("priority-router-gate", TICK)
