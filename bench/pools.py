@@ -10,12 +10,18 @@ Celery's default early acks, as most projects' tasks do; the router makes them l
 
     python bench/pools.py                                   # gevent, eventlet, threads, prefork
     python bench/pools.py --pools gevent --broker amqp://guest:guest@127.0.0.1:5672//
+    python bench/pools.py --pools gevent --without-pool-settings
+
+``--without-pool-settings`` gives the router's worker the values a green pool on Redis must
+not have, set as a user's own so that the router keeps them (and warns): a prefetch
+multiplier of 1 and kombu's default ``max_connections`` of 10 (``bench/short_app.py``).
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import json
 import re
 import statistics
 import sys
@@ -47,6 +53,11 @@ def run(mode: str, pool: str, args: argparse.Namespace, dbs: RedisDatabases) -> 
         "PRIORITY_ROUTER_CONSUMER_CHECK_INTERVAL": "0",
         "WORKERS_ROUTER": "on" if mode == "router" else "off",
     }
+    worker_app = "workers.app"
+    if mode == "router" and args.without_pool_settings:
+        env["CELERY_SETTINGS"] = json.dumps({"worker_prefetch_multiplier": 1})
+        env["BROKER_TRANSPORT_OPTIONS"] = json.dumps({"max_connections": 10})
+        worker_app = "bench.short_app"
     app = create_app(env)
     seconds = args.doc_ms / 1000
     published: dict[str, tuple[str, float]] = {}
@@ -56,7 +67,7 @@ def run(mode: str, pool: str, args: argparse.Namespace, dbs: RedisDatabases) -> 
     for n in range(args.light):
         r = app.send_task(TASK, (f"light{n}", f"l{n}", seconds), headers={"client_id": f"light{n}"})
         published[r.id] = ("light", time.time())
-    worker = Worker(env, "--pool", pool, "--concurrency", str(CONCURRENCY[pool]))
+    worker = Worker(env, "--pool", pool, "--concurrency", str(CONCURRENCY[pool]), app=worker_app)
     try:
         worker.wait_ready()
         results = {tid: app.AsyncResult(tid).get(timeout=args.timeout) for tid in published}
@@ -125,6 +136,11 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=120)
     parser.add_argument("--redis", default="redis://127.0.0.1:6379", help="Redis server (db: the first of 3)")
+    parser.add_argument(
+        "--without-pool-settings",
+        action="store_true",
+        help="the router's worker with the user's prefetch multiplier 1 and max_connections 10",
+    )
     args = parser.parse_args()
     redis_url, stop_redis = redis_or_embedded(args.redis.rstrip("/"))
     dbs = RedisDatabases.from_url(args.redis).on(redis_url)
