@@ -7,7 +7,9 @@ broker and a fresh queue.  Every publisher sends ``--documents`` zero-work docum
 clients, interleaved.  A document counts when it has *run*: the task increments a Redis
 counter, and the run that completes the set records its finish time.  The time measured
 is from the first publish of any publisher until the last document ran, so it includes
-publishing, the broker, the workers and the router on both sides.
+publishing, the broker, the workers and the router on both sides.  ``--workers 0`` runs
+the publishers alone: the documents stay in the broker (deleted after each run), and
+documents/s is the publishers' rate, with no worker beside them on the machine's cores.
 
 Before the clock starts, the workers answer a ping and every publisher's warm-up
 documents (other client ids) have run, so imports, connections and the router's first
@@ -294,15 +296,17 @@ def run(mode: str, args: argparse.Namespace, redis_url: str, store: str | None =
         for pub in publishers:
             if pub.readline() != "ready":
                 raise RuntimeError(f"publisher did not get ready:\n{pub.output()}")
-        wait_end(counter, f"{keys}:warm", args.timeout, workers)
+        if workers:
+            wait_end(counter, f"{keys}:warm", args.timeout, workers)
 
         worker_cpu = [cpu_seconds(w.process.pid) for w in workers]
         redis_cpu = server_cpu(counter)
         counter.rpush(f"{keys}:start", *["go"] * args.publishers)
-        finished = wait_end(counter, f"{keys}:timed", args.timeout, workers)
+        finished = wait_end(counter, f"{keys}:timed", args.timeout, workers) if workers else 0.0
+        times = [json.loads(pub.readline()) for pub in publishers]
+        finished = finished or max(t["last"] for t in times)  # --workers 0: publishing only
         redis_cpu = server_cpu(counter) - redis_cpu
         worker_cpu = [cpu_seconds(w.process.pid) - c for w, c in zip(workers, worker_cpu, strict=True)]
-        times = [json.loads(pub.readline()) for pub in publishers]
         total = args.documents * args.publishers
         time.sleep(0.2)  # a document run twice would show here
         ran = int(counter.get(f"{keys}:timed") or 0)
