@@ -5,7 +5,8 @@
 - ``unix:///path/to/redis.sock?db=0``
 - ``redis+sentinel://[[user]:password@]host:26379[,host2:26379...]/service_name[/db]``
   (``rediss+sentinel://`` for TLS to the master): asks the Sentinels for the current master
-  on every reconnect, so a failover needs no configuration change.  The password is the
+  on every reconnect and, while in use, every second (``sentinel_pool.py``), so a failover
+  needs no configuration change.  The password is the
   master's; Sentinels without authentication are assumed.
 - ``redis+cluster://[[user]:password@]host:port[,host:port...]`` (``rediss+cluster://`` for
   TLS; ``ssl_*`` query parameters as for ``rediss://``): a Redis Cluster, found from any of
@@ -30,6 +31,7 @@ from redis.retry import Retry
 from redis.sentinel import MasterNotFoundError, Sentinel
 
 from ..redis_urls import CLUSTER_SCHEMES, SENTINEL_SCHEMES, cluster_parts, sentinel_parts
+from .sentinel_pool import FollowingPool
 
 
 def make_client(url: str, connect_timeout: float, socket_timeout: float) -> redis.Redis:
@@ -64,7 +66,13 @@ def make_client(url: str, connect_timeout: float, socket_timeout: float) -> redi
         **options,
     )
     master: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
-        service, db=db, username=username, password=password, ssl=tls, **options
+        service,
+        connection_pool_class=FollowingPool,
+        db=db,
+        username=username,
+        password=password,
+        ssl=tls,
+        **options,
     )
     return master
 
