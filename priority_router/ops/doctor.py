@@ -29,7 +29,7 @@ from ..integration.brokers import AMQP_MAX_PRIORITY, Transport, transport_of
 from ..integration.celery_internals import priority_list
 from ..integration.celery_settings import COSTS, REDIS_PRIORITY_STEPS, Change, describe, wanted_changes
 from ..integration.consumers import FIX, blind_workers
-from ..integration.install import STOPGAP, applied_settings, settings_error, unpriced_effect
+from ..integration.install import STOPGAP, applied_settings, settings_error, settle, unpriced_effect
 from ..integration.old_kombu import FIX as KOMBU_FIX
 from ..integration.old_kombu import shortfalls
 from ..integration.pools import WorkerPool, pool_named, pool_of_stats
@@ -382,6 +382,7 @@ def _check_amqp_queues(app: Celery, transport: Transport) -> Iterator[Finding]:
     if transport is not Transport.AMQP:
         return
     declare_routed(app)
+    settle(app)  # the arguments the router gives the queues just created, as on a publish
     queues = list(app.amqp.queues.values())
     quorum = [q.name for q in queues if is_quorum(q)]
     if quorum:

@@ -374,3 +374,6 @@ def test_doctor_never_suggests_the_global_priority_setting_beside_quorum_queues(
     _, findings = invoke("doctor", "-A", app)
     fixes = [f["fix"] for f in findings if f["check"] == "x-max-priority" and not f["ok"]]
     assert not any("task_queue_max_priority" in fix for fix in fixes), fixes
+    # The default queue, created by name, is one the router declares with x-max-priority
+    # (as a publish would): doctor used to report it bare before any publish.
+    assert [f["ok"] for f in findings if f["check"] == "x-max-priority"] == [True], findings
