@@ -20,7 +20,9 @@ documents these as public, so each has a test that fails when a release changes 
 - the consumer's prefetch window (``Consumer.qos``, ``Consumer.initial_prefetch_count``),
   which ``window.py`` widens by one document while documents are short;
 - the callbacks kombu's event loop has queued for its next turn (``Hub._ready``), which
-  ``solo_loop.py`` wakes the loop for.
+  ``solo_loop.py`` wakes the loop for;
+- the ``task-sent`` event of a task message being sent (``task_message.sent_event``), whose
+  ``kwargs`` the publish hook annotates as it does the ``kwargsrepr`` header.
 """
 
 from __future__ import annotations
@@ -167,3 +169,10 @@ def resize_prefetch(consumer: Any, by: int) -> bool:
 def loop_callbacks_queued(hub: Any) -> bool:
     """Whether kombu's event loop ``hub`` has callbacks queued for its next turn."""
     return bool(hub._ready)
+
+
+def sent_event(message: Any) -> dict[str, Any] | None:
+    """The ``task-sent`` event Celery sends after publishing ``message`` (a task message as
+    ``amqp.as_task_v2`` builds it), or None when task-sent events are off."""
+    event = getattr(message, "sent_event", None)
+    return event if isinstance(event, dict) else None

@@ -35,11 +35,11 @@ from ..decision import Decision, Reason
 from ..store.client_ids import normalize_client_id
 from ..thresholds import DEFAULT_THRESHOLDS, is_priority, table_name
 from .brokers import Transport, from_wire, to_wire
-from .celery_internals import tasks_running
+from .celery_internals import sent_event, tasks_running
 from .clients import client_from_call
 from .consumers import ConsumerWatch
 from .flower import annotate_kwargsrepr
-from .sender import publishing_app, republishing
+from .sender import publishing_app, republishing, sending
 
 if TYPE_CHECKING:
     from ..config import RouterConfig
@@ -261,6 +261,10 @@ class PublishReceiver:
             headers["kwargsrepr"] = annotate_kwargsrepr(
                 headers["kwargsrepr"], decision, self.dry_run, self._table
             )
+            event = sent_event(sending.get())
+            if event is not None and "kwargs" in event:
+                # Flower applies a task-sent event that arrives after task-received over it.
+                event["kwargs"] = headers["kwargsrepr"]
         if self._on_decision is not None:
             self._on_decision(decision)
 

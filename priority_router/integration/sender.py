@@ -36,6 +36,8 @@ from .rabbitmq import demote_to_fifo, fifo_queue_in
 publishing_app: ContextVar[Celery | None] = ContextVar("priority_router_app", default=None)
 #: Set while a message already stamped is sent again (it must not be counted twice).
 republishing: ContextVar[bool] = ContextVar("priority_router_republishing", default=False)
+#: The task message Celery is sending (its headers, properties, body and ``task-sent`` event).
+sending: ContextVar[Any] = ContextVar("priority_router_message", default=None)
 
 _WRAPPED = "_priority_router_wrapped"
 
@@ -101,14 +103,16 @@ def _wrap(
 
     @functools.wraps(send)
     def send_task_message(*args: Any, **kwargs: Any) -> Any:
-        token = publishing_app.set(app)
+        # Celery calls it as send_task_message(producer, name, message, **options).
+        message = args[2] if len(args) > 2 else kwargs.get("message")
+        token, sent = publishing_app.set(app), sending.set(message)
         try:
             return send_or_demote(*args, **kwargs)
         except Exception:
-            # Celery calls it as send_task_message(producer, name, message, **options).
-            unsent(app, args[2] if len(args) > 2 else kwargs.get("message"))
+            unsent(app, message)
             raise
         finally:
+            sending.reset(sent)
             publishing_app.reset(token)
 
     return send_task_message

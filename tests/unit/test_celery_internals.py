@@ -226,3 +226,10 @@ def test_kombus_loop_reports_the_callbacks_queued_for_its_next_turn() -> None:
         hub.close()
         os.close(read)
         os.close(write)
+
+
+def test_a_task_message_carries_its_task_sent_event_with_the_kwargs_shown(app: Celery) -> None:
+    message = app.amqp.as_task_v2("t-1", "doc", kwargs={"pages": 3}, create_sent_event=True)
+    event = internals.sent_event(message)
+    assert event is not None and event["kwargs"] == message.headers["kwargsrepr"]
+    assert internals.sent_event(app.amqp.as_task_v2("t-2", "doc")) is None

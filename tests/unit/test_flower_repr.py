@@ -1,7 +1,15 @@
 from __future__ import annotations
 
 import ast
+from typing import Any
+from unittest import mock
 
+import fakeredis
+from celery import Celery
+from celery.events.dispatcher import EventDispatcher
+from celery.signals import before_task_publish
+
+from priority_router import PriorityRouter
 from priority_router.decision import Decision, Reason
 from priority_router.integration.flower import annotate_kwargsrepr
 
@@ -45,3 +53,29 @@ def test_a_costed_document_shows_its_cost_and_a_unit_one_shows_none() -> None:
     costed = ast.literal_eval(annotate_kwargsrepr("{}", Decision("acme", -30.5, 9, Reason.COUNTED, cost=2.5)))
     assert costed["priority_router_cost"] == 2.5 and costed["priority_router_pending"] == -30.5
     assert "priority_router_cost" not in annotate_kwargsrepr("{}", ACME)
+
+
+def test_the_task_sent_event_carries_the_decision_as_the_message_does() -> None:
+    """Flower applies a task-sent event that arrives after task-received over it: with
+    Celery's own kwargs in that event, the decision vanished from Flower's views."""
+    app = Celery("unit", broker="memory://", set_as_current=False)
+    app.conf.task_send_sent_event = True
+    PriorityRouter(redis_client=fakeredis.FakeRedis()).install(app)
+    published: list[dict[str, Any]] = []
+    sent: list[dict[str, Any]] = []
+
+    def on_publish(headers: dict[str, Any], **_: Any) -> None:
+        published.append(dict(headers))
+
+    before_task_publish.connect(on_publish, weak=False)
+    try:
+        with mock.patch.object(
+            EventDispatcher, "publish", lambda self, kind, event, *a, **k: sent.append(event)
+        ):
+            app.send_task("doc", kwargs={"pages": 3}, headers={"client_id": "acme"})
+    finally:
+        before_task_publish.disconnect(on_publish)
+        app.close()
+    (event,) = sent
+    assert event["kwargs"] == published[0]["kwargsrepr"]
+    assert ast.literal_eval(event["kwargs"])["priority_router_client"] == "acme"
