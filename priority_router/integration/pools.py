@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from celery import concurrency
@@ -40,6 +40,8 @@ class WorkerPool:
     name: str
     concurrency: int
     green: bool = False
+    #: An autoscaled pool's fewest slots (``--autoscale MAX,MIN``); ``concurrency`` is its most.
+    fewest: int | None = None
 
     @property
     def redis_connections(self) -> int:
@@ -47,6 +49,8 @@ class WorkerPool:
         return self.concurrency + KOMBU_MAX_CONNECTIONS
 
     def __str__(self) -> str:
+        if self.fewest is not None:
+            return f"{self.name} pool, autoscaled from {self.fewest} to {self.concurrency}"
         return f"{self.name} pool, concurrency {self.concurrency}"
 
 
@@ -61,13 +65,29 @@ def pool_of_options(options: Mapping[str, Any], conf: Any) -> WorkerPool:
     """The pool of a worker being built, from the options ``celeryd_init`` passes (the
     command line's) and the app's ``worker_pool`` / ``worker_concurrency`` settings."""
     pool = options.get("pool_cls") or options.get("pool") or conf.get("worker_pool")
-    return pool_named(pool, options.get("concurrency") or conf.get("worker_concurrency"))
+    named = pool_named(pool, options.get("concurrency") or conf.get("worker_concurrency"))
+    return _autoscaled(named, options.get("autoscale"))
 
 
 def pool_of_worker(worker: Any) -> WorkerPool:
     """The pool of a ``WorkController`` at ``worker_init`` (its ``pool_cls`` and
     ``concurrency`` are read from the command line and the settings by then)."""
-    return pool_named(getattr(worker, "pool_cls", None), getattr(worker, "concurrency", None))
+    named = pool_named(getattr(worker, "pool_cls", None), getattr(worker, "concurrency", None))
+    return _autoscaled(named, (getattr(worker, "options", None) or {}).get("autoscale"))
+
+
+def _autoscaled(pool: WorkerPool, autoscale: object) -> WorkerPool:
+    """``pool`` as ``--autoscale MAX[,MIN]`` (text, or Celery's parsed pair) sizes it."""
+    if isinstance(autoscale, str):
+        head, _, tail = autoscale.partition(",")
+        autoscale = (head, tail or 0)
+    if not isinstance(autoscale, list | tuple) or len(autoscale) != 2:
+        return pool
+    try:
+        most, fewest = int(autoscale[0]), int(autoscale[1])
+    except (TypeError, ValueError):
+        return pool  # Celery refuses it itself
+    return replace(pool, concurrency=max(most, 1), fewest=fewest)
 
 
 def pool_of_stats(stats: Mapping[str, Any]) -> WorkerPool | None:

@@ -16,7 +16,12 @@ from priority_router.integration.app_queues import queue_names, routed_queue_nam
 from priority_router.integration.celery_settings import wanted_changes
 from priority_router.integration.flower import format_task
 from priority_router.integration.install import unpriced_effect
-from priority_router.integration.pools import KOMBU_MAX_CONNECTIONS, pool_named, pool_of_options
+from priority_router.integration.pools import (
+    KOMBU_MAX_CONNECTIONS,
+    pool_named,
+    pool_of_options,
+    pool_of_worker,
+)
 from priority_router.integration.rabbitmq import QueueNotPriorityError
 
 REDIS = "redis://127.0.0.1:1/0"
@@ -50,6 +55,16 @@ def test_the_command_lines_pool_wins_over_the_setting() -> None:
     conf = {"worker_pool": "threads", "worker_concurrency": 3}
     assert pool_of_options({"pool_cls": "gevent", "concurrency": 50}, conf) == pool_named("gevent", 50)
     assert pool_of_options({}, conf) == pool_named("threads", 3)
+
+
+def test_an_autoscaled_pool_is_named_by_its_range_and_counted_at_its_most() -> None:
+    """A Django trial's --autoscale=4,1 worker said 'concurrency 2' (the CPU count)."""
+    pool = pool_of_options({"autoscale": "4,1"}, {})
+    assert (pool.concurrency, pool.fewest) == (4, 1)
+    assert str(pool) == "prefork pool, autoscaled from 1 to 4"
+    worker = type("Worker", (), {"pool_cls": "prefork", "concurrency": 2, "options": {"autoscale": "6,3"}})
+    assert str(pool_of_worker(worker)) == "prefork pool, autoscaled from 3 to 6"
+    assert pool_of_options({"autoscale": [5, 0]}, {}).concurrency == 5  # as Celery parses it
 
 
 def test_green_pools_on_redis_need_an_unbounded_window_and_a_connection_per_slot() -> None:
