@@ -24,6 +24,7 @@ from kombu.transport.redis import PRIORITY_STEPS as KOMBU_PRIORITY_STEPS
 from kombu.transport.redis import Channel as KombuRedisChannel
 from redis.sentinel import MasterNotFoundError
 
+from ..config import unknown_celery_settings, unknown_env_settings
 from ..integration.app_queues import declare_routed, queue_names
 from ..integration.brokers import AMQP_MAX_PRIORITY, Transport, transport_of
 from ..integration.celery_internals import priority_list
@@ -148,6 +149,20 @@ def _check_router(app: Celery, transport: Transport) -> Iterator[Finding]:
         yield Finding("dry run", True, "switched on, " + describe(wanted_changes(app, transport)))
     else:
         yield Finding("router", True, f"installed: {router!r}")
+
+
+def _check_setting_names(app: Celery, transport: Transport) -> Iterator[Finding]:
+    """Router settings the app or the environment spell wrong: ignored, so the default rules."""
+    misspelt = {**unknown_celery_settings(app.conf), **unknown_env_settings()}
+    if not misspelt:
+        return
+    yield Finding(
+        "setting names",
+        False,
+        "ignored, no such setting: "
+        + ", ".join(k if near is None else f"{k} (did you mean {near}?)" for k, near in misspelt.items()),
+        "rename each to a setting of the configuration reference (docs/configuration.md)",
+    )
 
 
 def _switch_on_sets(app: Celery, transport: Transport, key: str, queue: str | None = None) -> Change | None:
@@ -731,6 +746,7 @@ def _pool_slots(stats: Mapping[str, Any], pool: WorkerPool | None) -> tuple[int 
 
 _CHECKS: dict[str, Check] = {
     "router": _check_router,
+    "setting names": _check_setting_names,
     "kombu": _check_kombu,
     "prefetch": _check_prefetch,
     "acks_late": _check_acks,

@@ -354,3 +354,15 @@ def test_a_misspelt_environment_variable_is_named_with_the_closest_one(
     assert len(warnings) == 1, warnings
     assert "PRIORITY_ROUTER_REDIS_ULR (did you mean PRIORITY_ROUTER_REDIS_URL?)" in warnings[0]
     assert "TEST_REDIS_URL" not in warnings[0]
+
+
+def test_doctor_fails_a_misspelt_setting_the_router_ignores(monkeypatch: pytest.MonkeyPatch) -> None:
+    from priority_router.ops import doctor
+
+    monkeypatch.setenv("PRIORITY_ROUTER_REDIS_ULR", "redis://10.0.0.5:6379/0")
+    app = Celery("proj", set_as_current=False, broker="redis://127.0.0.1:1/0")
+    app.conf.priority_router_threshold = "wide"
+    (finding,) = doctor._check_setting_names(app, Transport.REDIS)
+    assert not finding.ok
+    assert "priority_router_threshold (did you mean priority_router_thresholds?)" in finding.detail
+    assert "PRIORITY_ROUTER_REDIS_ULR (did you mean PRIORITY_ROUTER_REDIS_URL?)" in finding.detail
