@@ -110,7 +110,11 @@ def load_app(name: str, refuse_bad_settings: bool = True) -> Any:
     try:
         app = find_app(name)
     except Exception as exc:
-        fail(f"cannot load the Celery app {name!r} ({exc}); pass -A module or module:attribute", 2)
+        fail(
+            f"cannot load the Celery app {name!r} ({exc}); pass -A module or module:attribute, "
+            "run from the directory that holds the module (as for celery -A) or put it on PYTHONPATH",
+            2,
+        )
     error = settings_error(app) if refuse_bad_settings else None
     if error is not None:
         fail(f"the router on {name!r} cannot read the app's settings, so it routes nothing: {error}", 2)
