@@ -259,7 +259,9 @@ def _check_acks(app: Celery, transport: Transport) -> Iterator[Finding]:
             "acks_late",
             False,
             f"tasks with acks_late=False: {', '.join(early)}",
-            "drop acks_late=False from those task decorators",
+            "drop acks_late=False from those task decorators; if they set none, the tasks were "
+            "bound before install() set task_acks_late: call install(app) before the tasks are "
+            "first used (docs/limitations.md)",
         )
     else:
         yield Finding("acks_late", True, "task_acks_late=True")

@@ -366,3 +366,22 @@ def test_doctor_fails_a_misspelt_setting_the_router_ignores(monkeypatch: pytest.
     assert not finding.ok
     assert "priority_router_threshold (did you mean priority_router_thresholds?)" in finding.detail
     assert "PRIORITY_ROUTER_REDIS_ULR (did you mean PRIORITY_ROUTER_REDIS_URL?)" in finding.detail
+
+
+def test_doctor_names_install_order_when_a_task_was_bound_before_the_router() -> None:
+    """A Django trial bound its tasks (finalize, then read a task's acks_late) before
+    install(): doctor blamed a decorator that set nothing."""
+    from priority_router.ops import doctor
+
+    app = Celery("proj", set_as_current=False, broker="redis://127.0.0.1:1/0")
+
+    @app.task(name="doc")
+    def doc() -> None:
+        pass
+
+    app.finalize(auto=True)
+    assert doc.acks_late is False  # bound with Celery's default
+    router().install(app)
+    (finding,) = doctor._check_acks(app, Transport.REDIS)
+    assert not finding.ok and "doc" in finding.detail
+    assert "bound before install() set task_acks_late" in finding.fix
