@@ -375,13 +375,13 @@ def test_doctor_names_install_order_when_a_task_was_bound_before_the_router() ->
 
     app = Celery("proj", set_as_current=False, broker="redis://127.0.0.1:1/0")
 
-    @app.task(name="doc")
-    def doc() -> None:
+    @app.task(name="bound-before-install")
+    def bound() -> None:
         pass
 
     app.finalize(auto=True)
-    assert doc.acks_late is False  # bound with Celery's default
+    assert bound.acks_late is False  # bound with Celery's default
     router().install(app)
     (finding,) = doctor._check_acks(app, Transport.REDIS)
-    assert not finding.ok and "doc" in finding.detail
+    assert not finding.ok and "bound-before-install" in finding.detail
     assert "bound before install() set task_acks_late" in finding.fix
