@@ -47,13 +47,19 @@ class FollowingPool(SentinelConnectionPool):
             with contextlib.suppress(RuntimeError):  # an interpreter shutting down starts no thread
                 asking.start()
         connection = super().get_connection(*args, **kwargs)
-        master = self.proxy.master_address
+        master = self._master()
         if master is not None and (connection.host, connection.port) != tuple(master):
             connection.disconnect()  # type: ignore[no-untyped-call]  # it reconnects to the master named
         return connection
 
+    def _master(self) -> Any:
+        """The master the Sentinels last named (redis-py 6.4 and later keep it on the pool's
+        ``proxy``); None before the first connection, or on a redis-py that keeps it elsewhere,
+        where the pool follows a switch only as redis-py does."""
+        return getattr(getattr(self, "proxy", None), "master_address", None)
+
     def _ask(self) -> None:
-        before = self.proxy.master_address
+        before = self._master()
         try:
             after = self.get_master_address()  # type: ignore[no-untyped-call]  # closes idle ones if it moved
         except (redis.RedisError, OSError):
