@@ -362,6 +362,11 @@ def unknown_env_settings(environ: Mapping[str, str] | None = None) -> dict[str, 
     return unknown
 
 
+def with_closest(unknown: Mapping[str, str | None]) -> str:
+    """Unknown setting names, each with the closest known one: ``a (did you mean b?), c``."""
+    return ", ".join(k if near is None else f"{k} (did you mean {near}?)" for k, near in unknown.items())
+
+
 def written_as(key: str, name: str) -> str:
     """Setting ``name`` as the Celery key ``key`` is written: with its namespace, and upper
     case when the key is (``CELERY_PRIORITY_ROUTER_MODE``, ``priority_router_mode``)."""

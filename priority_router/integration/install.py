@@ -42,7 +42,14 @@ from celery.signals import (
 )
 
 from .. import headers as H
-from ..config import celery_key, celery_values, unknown_celery_settings, unknown_env_settings, written_as
+from ..config import (
+    celery_key,
+    celery_values,
+    unknown_celery_settings,
+    unknown_env_settings,
+    with_closest,
+    written_as,
+)
 from ..errors import ConfigurationError
 from ..redact import redact_url
 from ..thresholds import table_name
@@ -194,7 +201,7 @@ def _settle(app: Celery, installation: Installation, publisher: bool = False) ->
         logger.warning(
             "priority-router ignores %s: no such setting. Fix: rename it to a setting of the "
             "configuration reference (docs/configuration.md), written %s",
-            ", ".join(k if close is None else f"{k} (did you mean {close}?)" for k, close in typos.items()),
+            with_closest(typos),
             written_as(next(iter(typos)), "<name>"),
         )
     misspelt = unknown_env_settings()
@@ -202,7 +209,7 @@ def _settle(app: Celery, installation: Installation, publisher: bool = False) ->
         logger.warning(
             "priority-router ignores the environment variable %s: no such setting. Fix: rename it "
             "to a setting's variable, PRIORITY_ROUTER_<NAME> (docs/configuration.md)",
-            ", ".join(k if near is None else f"{k} (did you mean {near}?)" for k, near in misspelt.items()),
+            with_closest(misspelt),
         )
     transport = transport_of(app)
     if transport is Transport.AMQP and router.config.max_wait is not None:

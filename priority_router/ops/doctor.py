@@ -24,7 +24,7 @@ from kombu.transport.redis import PRIORITY_STEPS as KOMBU_PRIORITY_STEPS
 from kombu.transport.redis import Channel as KombuRedisChannel
 from redis.sentinel import MasterNotFoundError
 
-from ..config import unknown_celery_settings, unknown_env_settings
+from ..config import unknown_celery_settings, unknown_env_settings, with_closest
 from ..integration.app_queues import declare_routed, queue_names
 from ..integration.brokers import AMQP_MAX_PRIORITY, Transport, transport_of
 from ..integration.celery_internals import priority_list
@@ -159,8 +159,7 @@ def _check_setting_names(app: Celery, transport: Transport) -> Iterator[Finding]
     yield Finding(
         "setting names",
         False,
-        "ignored, no such setting: "
-        + ", ".join(k if near is None else f"{k} (did you mean {near}?)" for k, near in misspelt.items()),
+        "ignored, no such setting: " + with_closest(misspelt),
         "rename each to a setting of the configuration reference (docs/configuration.md)",
     )
 
