@@ -9,7 +9,8 @@ from collections.abc import Callable
 from itertools import pairwise
 
 from celery import Celery
-from support.services import running_worker
+from support.celery_versions import skip_without_fast_redelivery
+from support.services import fast_redelivery, kill_worker_mid_work, running_worker
 
 HOLD = "workers.hold_document"
 
@@ -25,3 +26,21 @@ def test_a_solo_worker_takes_each_next_document_as_soon_as_the_last_one_ends(
     # Without the wake-up most gaps on RabbitMQ are 0.2-2 s; a loaded machine may pause one.
     stalls = sorted(round(g, 2) for g in gaps if g > 0.5)
     assert len(stalls) <= 2, stalls
+
+
+def test_a_killed_solo_workers_documents_all_run_on_the_next_one(
+    worker_env: dict[str, str], producer: Callable[[], Celery]
+) -> None:
+    """The wake-up moves when the loop polls, never when a document is acknowledged: a solo
+    worker SIGKILLed mid-backlog leaves its unacknowledged document to the broker."""
+    skip_without_fast_redelivery(worker_env["BROKER_URL"])
+    env = dict(worker_env)
+    if env["BROKER_URL"].startswith("redis"):
+        env["BROKER_TRANSPORT_OPTIONS"] = fast_redelivery(env)
+    app = producer()
+    sent = [app.send_task(HOLD, ("heavy", f"h{n}", 0.3), headers={"client_id": "heavy"}) for n in range(20)]
+    kill_worker_mid_work(env, "--pool", "solo", received=3)
+    assert not all(s.ready() for s in sent)
+    with running_worker(env, "--pool", "solo") as worker:
+        ran = sorted(s.get(timeout=120)["document_id"] for s in sent)
+    assert ran == sorted(f"h{n}" for n in range(20)), worker.output()[-3000:]
