@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
 
@@ -72,15 +72,19 @@ class Change:
     kept: bool = False
     #: The queue whose argument this is (``Where.QUEUE_ARGUMENT`` only).
     queue: str | None = None
+    #: The app's settings namespace (Django's ``CELERY``), which its users write keys with.
+    namespace: str | None = None
 
     @property
     def name(self) -> str:
-        """The setting as a user writes it: ``broker_transport_options['priority_steps']``."""
-        if self.where is Where.TRANSPORT_OPTION:
-            return f"broker_transport_options[{self.key!r}]"
+        """The setting as a user writes it: ``broker_transport_options['priority_steps']``,
+        ``CELERY_TASK_ACKS_LATE`` in an app configured with ``namespace="CELERY"``."""
         if self.where is Where.QUEUE_ARGUMENT:
             return f"{self.key} of queue {self.queue!r}"
-        return self.key
+        setting = "broker_transport_options" if self.where is Where.TRANSPORT_OPTION else self.key
+        if self.namespace:
+            setting = f"{self.namespace}_{setting}".upper()
+        return f"{setting}[{self.key!r}]" if self.where is Where.TRANSPORT_OPTION else setting
 
     @property
     def cost(self) -> str:
@@ -134,7 +138,8 @@ def wanted_changes(
             if heartbeat is not None:
                 changes.append(heartbeat)
         changes += _amqp_queues(app)
-    return changes
+    namespace = getattr(app, "namespace", None)
+    return [replace(c, namespace=namespace) for c in changes] if namespace else changes
 
 
 def _setting(app: Celery, key: str, wanted: object, applied: Mapping[str, object]) -> Change | None:

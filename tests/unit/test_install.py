@@ -61,6 +61,26 @@ def test_explicit_conflicting_values_are_kept_and_warned(caplog: pytest.LogCaptu
     assert "priority_steps" in text and "arrival order" in text
 
 
+def test_kept_values_are_named_as_a_namespaced_app_writes_them(caplog: pytest.LogCaptureFixture) -> None:
+    """Django's settings.py says CELERY_TASK_ACKS_LATE, not task_acks_late."""
+    app = Celery("a", set_as_current=False)
+    settings = type(
+        "Settings",
+        (),
+        {
+            "CELERY_BROKER_URL": "redis://127.0.0.1:1/0",
+            "CELERY_TASK_ACKS_LATE": False,
+            "CELERY_BROKER_TRANSPORT_OPTIONS": {"priority_steps": [0, 3, 6, 9]},
+        },
+    )
+    app.config_from_object(settings, namespace="CELERY")
+    with caplog.at_level(logging.WARNING, "priority_router"):
+        router().install(app)
+    assert app.conf.task_acks_late is False
+    assert "keeps your CELERY_TASK_ACKS_LATE=False" in caplog.text
+    assert "keeps your CELERY_BROKER_TRANSPORT_OPTIONS['priority_steps']=[0, 3, 6, 9]" in caplog.text
+
+
 def test_amqp_app_gets_priority_queues() -> None:
     app = Celery("a", broker="amqp://guest:guest@127.0.0.1:1//", set_as_current=False)
     router().install(app)
