@@ -13,8 +13,8 @@ few milliseconds for short documents, but with 1 s documents the light clients' 
 rose from 2.0 s to 3.0 s (docs/performance.md, rerun 2026-12-03).  So the window widens
 only while the worker's documents are short: when it receives documents faster than one
 slot-length per :data:`SHORT` seconds (its pool's size in receipts within that time,
-counted over the last receipts), and narrows again past twice that.  An idle worker keeps what it had; a burst of long
-documents narrows it after a pool's worth of them.
+counted over the last receipts), and narrows again past twice that.  An idle worker
+keeps what it had; a burst of long documents narrows it after a pool's worth of them.
 
 Only where that was measured to pay: on the Redis broker the same extra document did not
 (its gap is kombu's acknowledgement, a blocking round trip in the main process, which no
