@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from priority_router.config import RouterConfig  # noqa: E402
 from priority_router.simulation import EVERY_POLICY, build, load_csv, run, summarize  # noqa: E402
-from priority_router.simulation.costs import BASES, counted_by  # noqa: E402
+from priority_router.simulation.trace import BASES, counted_by  # noqa: E402
 
 
 def write_trace(path: Path, args: argparse.Namespace) -> None:

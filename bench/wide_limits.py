@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from priority_router.simulation.costs import counted_by  # noqa: E402
+from priority_router.simulation.trace import counted_by  # noqa: E402
 from priority_router.simulation.tune import Baseline, Case, baseline, judge, table_of  # noqa: E402
 from priority_router.simulation.workloads import WORKLOADS  # noqa: E402
 from priority_router.thresholds import WIDE_THRESHOLDS, rows_text  # noqa: E402

@@ -34,8 +34,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from priority_router.simulation.costs import counted_by  # noqa: E402
-from priority_router.simulation.trace import Trace, TraceBuilder  # noqa: E402
+from priority_router.simulation.trace import (  # noqa: E402
+    Trace,
+    TraceBuilder,
+    counted_by,
+)
 from priority_router.simulation.tune import (  # noqa: E402
     Baseline,
     Case,

@@ -14,7 +14,7 @@ import threading
 import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from celery import Celery
 from kombu.transport.redis import PRIORITY_STEPS as KOMBU_PRIORITY_STEPS
@@ -22,9 +22,6 @@ from kombu.transport.redis import PRIORITY_STEPS as KOMBU_PRIORITY_STEPS
 from ..forks import renew_after_fork
 from ..thresholds import LEAST_URGENT, MOST_URGENT
 from .brokers import Transport, to_wire
-
-if TYPE_CHECKING:
-    from .publish import PublishReceiver
 
 logger = logging.getLogger("priority_router")
 
@@ -127,6 +124,16 @@ def check_at_start(app: Celery, transport: Transport, queues: Iterable[str], hos
     threading.Thread(target=look, name="priority-router-worker-check", daemon=True).start()
 
 
+class Publishing(Protocol):
+    """What the watch reads of a publisher (``publish.PublishReceiver``)."""
+
+    #: The broker's kind the app settled on, None before it did.
+    transport: Transport | None
+    #: The queues it published to.
+    queues_seen: set[str]
+    dry_run: bool
+
+
 class ConsumerWatch:
     """A publisher's background check, every ``interval`` seconds while it publishes,
     that no worker consuming its queues is blind to some priorities.  Each blind worker
@@ -135,7 +142,7 @@ class ConsumerWatch:
 
     FIRST_CHECK = 5.0
 
-    def __init__(self, app: Celery, receiver: PublishReceiver, interval: float) -> None:
+    def __init__(self, app: Celery, receiver: Publishing, interval: float) -> None:
         self._app = weakref.ref(app)
         # The receiver knows the transport the app settled on and the queues it published to.
         self._receiver = receiver

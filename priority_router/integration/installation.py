@@ -10,15 +10,20 @@ without a cycle.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from ..engine import Engine
     from ..errors import ConfigurationError
-    from .gate import GateThread
     from .pools import WorkerPool
     from .publish import PublishReceiver
-    from .starvation import Sweeper
+
+
+class Thread(Protocol):
+    """A worker-side thread the installation starts and ``uninstall`` stops (the gate's,
+    ``gate.GateThread``; the max_wait sweeper, ``starvation.Sweeper``)."""
+
+    def stop(self) -> None: ...
 
 
 @dataclass
@@ -36,9 +41,9 @@ class Installation:
     #: The app's ``priority_router_*`` settings the router last followed.
     celery_settings: dict[str, Any] | None = None
     #: The worker's max_wait sweeper (Redis), once the worker is ready.
-    sweeper: Sweeper | None = None
+    sweeper: Thread | None = None
     #: The gate's thread (leases, releases, borrowing), once the worker is ready.
-    gate: GateThread | None = None
+    gate: Thread | None = None
     #: The pool of the worker this app runs in, once a worker starts (``pools.py``).
     pool: WorkerPool | None = None
     #: The values the router set in the app's configuration, by key: not the user's choice.

@@ -26,7 +26,7 @@ from ..config import MODES, RouterConfig
 from ..errors import ConfigurationError
 from ..limits import Limits
 from ..simulation.compare import compare
-from ..simulation.costs import BASES, MAX_COST, counted_by
+from ..simulation.costs import MAX_COST
 from ..simulation.gate import GATE_TICK
 from ..simulation.policies import EVERY_POLICY, POLICIES
 from ..simulation.report import (
@@ -40,7 +40,7 @@ from ..simulation.report import (
     summary_table,
 )
 from ..simulation.tiers import Tiers, TierSpecError, load_tiers_csv, parse_client_tier, parse_tier
-from ..simulation.trace import Trace, TraceError, load_csv
+from ..simulation.trace import BASES, Trace, TraceError, counted_by, load_csv
 from ..simulation.tune import Case
 from ..simulation.workloads import DEFAULT_SEED, WORKLOADS
 from ..thresholds import DEFAULT_THRESHOLDS, Policy, parse_table, rows_text, table_name

@@ -5,13 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from ..config import RouterConfig
-from .costs import counted_by
 from .engine import run
 from .gate import GATE_TICK
 from .metrics import Outcome, summarize
 from .policies import build
 from .tiers import Tiers
-from .trace import Trace
+from .trace import Trace, counted_by
 
 #: Called as ``progress(policy)`` before each policy runs.
 Progress = Callable[[str], None]
@@ -34,7 +33,7 @@ def compare(
     longest document; ``overhead``: seconds between a slot taking a document and starting
     it; ``tiers``: the clients' tiers, their priorities for the router's policies and their
     limits for every policy, enforced by a gate ticking every ``gate_tick`` seconds;
-    ``cost``: what a document costs, one of ``costs.BASES``)."""
+    ``cost``: what a document costs, one of ``trace.BASES``)."""
     trace = counted_by(trace, cost)
     limits = None if tiers is None else tiers.limits_of(trace.clients)
     outcomes = {}

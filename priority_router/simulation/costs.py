@@ -6,25 +6,15 @@ checked at the count before it and then lowers its client's count by its cost (1
 default: costs of 1 are the scheme as it always was).  A fractional count is truncated
 toward 0 before the threshold table, after a tier's weight divides it, as the router
 decides (``PriorityRouter._decision``, ``Tier.priority``).
-
-``--cost`` chooses what a document costs: the trace's ``cost`` column (``column``, 1
-without one), its duration (``duration``: expected seconds), or 1 (``document``).
 """
 
 from __future__ import annotations
-
-from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from ..store.costs import MAX_COST, ONE, RESOLUTION, InvalidCost, as_count, cost_units
 from ..thresholds import Policy
 from ..tiers import Tier
 
-if TYPE_CHECKING:
-    from .trace import Trace
-
 __all__ = [
-    "BASES",
     "MAX_COST",
     "MAX_UNITS",
     "ONE",
@@ -32,28 +22,12 @@ __all__ = [
     "InvalidCost",
     "as_count",
     "cost_units",
-    "counted_by",
     "level",
     "whole",
 ]
 
 #: The largest cost of one document, in units.
 MAX_UNITS = MAX_COST * RESOLUTION
-#: ``--cost`` choices, the default first.
-BASES = ("column", "duration", "document")
-
-
-def counted_by(trace: Trace, basis: str) -> Trace:
-    """``trace`` with each document's cost as ``basis`` says (a ``--cost`` choice)."""
-    if basis == "column":
-        return trace
-    if basis == "document":
-        return replace(trace, cost_units=[]) if trace.cost_units else trace
-    if basis == "duration":
-        # A document shorter than the smallest cost counted costs that much, not nothing.
-        units = [max(1, round(d * RESOLUTION)) for d in trace.duration]
-        return replace(trace, cost_units=[] if all(u == ONE for u in units) else units)
-    raise ValueError(f"cost {basis!r} is not one of {', '.join(BASES)}")
 
 
 def whole(units: int) -> int:

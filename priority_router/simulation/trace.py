@@ -15,13 +15,13 @@ from __future__ import annotations
 import csv
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import pairwise
 from pathlib import Path
 
 from ..errors import PriorityRouterError
 from ..store.client_ids import normalize_client_id
-from .costs import MAX_COST, MAX_UNITS, ONE, InvalidCost, cost_units
+from .costs import MAX_COST, MAX_UNITS, ONE, RESOLUTION, InvalidCost, cost_units
 
 HEADER = ("timestamp", "client_id", "duration")
 #: The header of a trace whose documents have costs.
@@ -234,3 +234,22 @@ def _cost(line: int, raw: str) -> int:
         raise TraceError(
             f"line {line}: {exc}; fix the cost column, or leave the cell empty for a cost of 1"
         ) from None
+
+
+#: ``--cost`` choices, the default first.
+BASES = ("column", "duration", "document")
+
+
+def counted_by(trace: Trace, basis: str) -> Trace:
+    """``trace`` with each document's cost as ``basis`` says (a ``--cost`` choice): the
+    trace's ``cost`` column (``column``, 1 without one), its duration (``duration``: expected
+    seconds), or 1 (``document``)."""
+    if basis == "column":
+        return trace
+    if basis == "document":
+        return replace(trace, cost_units=[]) if trace.cost_units else trace
+    if basis == "duration":
+        # A document shorter than the smallest cost counted costs that much, not nothing.
+        units = [max(1, round(d * RESOLUTION)) for d in trace.duration]
+        return replace(trace, cost_units=[] if all(u == ONE for u in units) else units)
+    raise ValueError(f"cost {basis!r} is not one of {', '.join(BASES)}")

@@ -67,7 +67,8 @@ def test_the_package_has_its_modules() -> None:
 
 
 def test_no_import_cycle_between_the_packages_modules() -> None:
-    graph = {module: {target for target, _ in _imports(module)} for module in MODULES}
+    """Type-only imports count: a cycle of them is still two modules that need each other."""
+    graph = {module: {target for target, _ in _imports(module, typing=True)} for module in MODULES}
     cycles = []
 
     def visit(start: str, node: str, path: list[str]) -> None:

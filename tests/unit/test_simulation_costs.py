@@ -10,11 +10,11 @@ from support.simulation import trace_of
 from priority_router import DEFAULT_THRESHOLDS, Policy, RouterConfig
 from priority_router.simulation import costs
 from priority_router.simulation.compare import compare
-from priority_router.simulation.costs import MAX_COST, ONE, as_count, cost_units, counted_by, level, whole
+from priority_router.simulation.costs import MAX_COST, ONE, as_count, cost_units, level, whole
 from priority_router.simulation.engine import run
 from priority_router.simulation.policies import RouterQueue
 from priority_router.simulation.tiers import Tiers
-from priority_router.simulation.trace import Trace, TraceBuilder
+from priority_router.simulation.trace import Trace, TraceBuilder, counted_by
 from priority_router.store import costs as store_costs
 from priority_router.tiers import Tier
 

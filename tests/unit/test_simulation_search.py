@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import random
 
-from priority_router.simulation.costs import counted_by
 from priority_router.simulation.metrics import p95
+from priority_router.simulation.trace import counted_by
 from priority_router.simulation.tune import Case, baseline, candidates, search, sorted_p95
 from priority_router.simulation.workloads import DEFAULT_SEED, WORKLOADS
 from priority_router.thresholds import Policy

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from priority_router.simulation.costs import counted_by
+from priority_router.simulation.trace import counted_by
 from priority_router.simulation.tune import Case, baseline, client_groups, judge
 from priority_router.simulation.workloads import DEFAULT_SEED, WORKLOADS
 from priority_router.thresholds import DEFAULT_THRESHOLDS, WIDE_THRESHOLDS
