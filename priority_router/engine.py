@@ -128,7 +128,16 @@ class Engine:
 
         def count() -> tuple[bool, int | float, Any]:
             tiered = self.tiered()
-            return (tiered, *self.count(client_id, task_id, tiered, units))
+            try:
+                return (tiered, *self.count(client_id, task_id, tiered, units))
+            except STORE_ERRORS:
+                if task_id is not None and self.inflight is not None:
+                    # The script may have reached the store and run there after the timeout (a
+                    # stall, a lost reply): the document goes out uncounted, so nothing would end
+                    # it.  Its end is owed: sent once the store answers, it removes the entry if
+                    # it landed and changes nothing if it did not.
+                    self._owe((client_id, task_id, units))
+                raise
 
         counted = self._quietly(count, "publish")
         if counted is None:

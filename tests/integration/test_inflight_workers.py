@@ -16,7 +16,7 @@ from celery.exceptions import TimeLimitExceeded, WorkerLostError
 from support.celery_versions import skip_without_fast_redelivery
 from support.services import fast_redelivery, free_port, kill_worker_mid_work, running_worker
 
-from priority_router import PriorityRouter
+from priority_router import PriorityRouter, Reason
 from priority_router.router import engine_of
 from priority_router.store.inflight import member
 
@@ -153,6 +153,40 @@ def own_counter_store() -> Iterator[str]:
     finally:
         server.terminate()
         server.wait(10)
+
+
+def test_a_publish_whose_check_ran_after_a_stall_is_ended_once_the_store_answers(
+    key_prefix: str, own_counter_store: str
+) -> None:
+    """A stall longer than the socket timeout during a publish: the publisher fails open
+    and sends the document uncounted, while the store runs the check once the stall ends
+    and lists the document in flight.  Nothing would end that entry, and a busy client
+    re-arms its idle reset with every publish (a FastAPI trial found one left for good):
+    the publisher owes its end and sends it once the store answers."""
+    env = {
+        "PRIORITY_ROUTER_MODE": "inflight",
+        "PRIORITY_ROUTER_REDIS_URL": own_counter_store,
+        "PRIORITY_ROUTER_KEY_PREFIX": key_prefix,
+    }
+    router = PriorityRouter.from_env(env, socket_timeout=0.1, connect_timeout=1)
+    assert router.decide("acme", task_id="before").reason is Reason.COUNTED
+    store = redis.Redis.from_url(own_counter_store)
+    server = int(store.info("server")["process_id"])
+    # A stopped process, not CLIENT PAUSE: a paused server drops a disconnected client's
+    # command, a stopped one reads it from the socket when it resumes and runs it.
+    os.kill(server, signal.SIGSTOP)
+    try:
+        assert router.decide("acme", task_id="stalled").reason is Reason.FAIL_OPEN
+        time.sleep(0.3)
+    finally:
+        os.kill(server, signal.SIGCONT)
+    key = engine_of(router).store.key("acme")
+    deadline = time.monotonic() + 15
+    while engine_of(router).redis.lrange(key, 0, -1) != [member("before")] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    # Only the document counted before the stall stays in flight.
+    assert engine_of(router).redis.lrange(key, 0, -1) == [member("before")]
+    store.close()
 
 
 @pytest.mark.parametrize("pool", ["threads", "prefork"])
