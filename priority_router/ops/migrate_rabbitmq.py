@@ -37,10 +37,12 @@ from celery import Celery
 
 from .. import headers as H
 from ..errors import ConfigurationError
+from ..integration.brokers import Transport, to_wire
 from ..integration.publisher_pause import GRACE, Mark, MigrationMark
 from ..redact import redact_url
 from ..router import installed_router
 from ..store.connection import make_client
+from ..thresholds import LEAST_URGENT, MOST_URGENT
 from . import rabbitmq_workers as workers
 from .amqp_moves import BATCH, move
 from .migration import MigrationReport, Target
@@ -374,11 +376,16 @@ class Migration:
 
     def _reprice(self, properties: dict[str, Any]) -> bool:
         """Give a document no router priced (kombu sends those at priority 0, the lowest
-        of a priority queue) the router's default priority."""
+        of a priority queue) the router's default priority, and one a router decided in dry
+        run (which leaves the priority as Celery sets it) the priority it decided."""
         headers = properties.get("application_headers") or {}
-        if properties.get("priority") or H.REASON in headers:
+        if properties.get("priority") or (H.REASON in headers and not headers.get(H.DRY_RUN)):
             return False
-        properties["priority"] = self.spec.unpriced
+        decided = headers.get(H.PRIORITY) if headers.get(H.DRY_RUN) else None
+        if type(decided) is int and MOST_URGENT <= decided <= LEAST_URGENT:
+            properties["priority"] = to_wire(decided, Transport.AMQP)
+        else:
+            properties["priority"] = self.spec.unpriced
         return True
 
     def _consumers(self) -> int:
@@ -417,9 +424,10 @@ class Migration:
             )
         if router and self.priced:
             notes.append(
-                f"{self.priced} document(s) published without the router (priority 0 or none, the lowest "
-                f"of a priority queue) got wire priority {spec.unpriced}, the router's default, so they are "
-                "served among the routed documents rather than after all of them"
+                f"{self.priced} document(s) published without the router or in dry run (priority 0 or "
+                "none, the lowest of a priority queue) got the priority their dry run decided, or else "
+                f"wire priority {spec.unpriced}, the router's default, so they are served among the routed "
+                "documents rather than after all of them"
             )
         if not router:
             notes.append(

@@ -41,6 +41,7 @@ from support.services import (
     worker_environment,
 )
 
+from priority_router import Transport, to_wire
 from priority_router import headers as H
 from priority_router.integration.publisher_pause import migrations_key
 from priority_router.ops.cli import main
@@ -363,7 +364,9 @@ def test_killed_at_any_point_a_rerun_finishes_and_counts_each_document_once(
 # -- what is moved, what is planned, what is refused --------------------------------------
 
 
-def test_messages_keep_their_properties_and_unrouted_ones_get_the_default_priority(case: Case) -> None:
+def test_messages_keep_their_properties_unrouted_ones_get_the_default_and_dry_run_ones_their_decision(
+    case: Case,
+) -> None:
     conn, channel = case.channel()
     channel.queue_declare(queue=case.queue, durable=True, auto_delete=False)
     sent = [
@@ -387,6 +390,15 @@ def test_messages_keep_their_properties_and_unrouted_ones_get_the_default_priori
             message_id="m-1",
         ),
         amqp.Message(b"none", application_headers={"id": "no-priority"}),
+        # A router in dry run decides and leaves Celery's priority (none) on the message.
+        amqp.Message(
+            b"dry",
+            application_headers={"id": "dry-1", H.REASON: "counted", H.DRY_RUN: True, H.PRIORITY: 1},
+        ),
+        amqp.Message(
+            b"dry",
+            application_headers={"id": "dry-bad", H.REASON: "counted", H.DRY_RUN: True, H.PRIORITY: "x"},
+        ),
     ]
     for message in sent:
         channel.basic_publish(message, exchange="", routing_key=case.queue)
@@ -398,15 +410,19 @@ def test_messages_keep_their_properties_and_unrouted_ones_get_the_default_priori
 
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
-    assert report["moved"] == 3 and "paused publishers" not in _actions(report)
-    moved = {m.properties["application_headers"]["id"]: m for m in case.drain(3)}
+    assert report["moved"] == 5 and "paused publishers" not in _actions(report)
+    moved = {m.properties["application_headers"]["id"]: m for m in case.drain(5)}
     for original in sent:
         got = moved[original.properties["application_headers"]["id"]]
         assert got.body == original.body
         expected = dict(original.properties)
         if not expected.get("priority"):
             expected["priority"] = 5  # published without the router: the router's default
-        assert got.properties == expected
+        assert got.properties == expected | (
+            {"priority": to_wire(1, Transport.AMQP)}  # what its dry run decided, else behind everything
+            if got.properties["application_headers"]["id"] == "dry-1"
+            else {}
+        )
 
 
 def test_dry_run_plans_and_changes_nothing(case: Case) -> None:
