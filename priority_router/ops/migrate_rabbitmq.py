@@ -45,7 +45,7 @@ from ..store.connection import make_client
 from ..thresholds import LEAST_URGENT, MOST_URGENT
 from . import rabbitmq_workers as workers
 from .amqp_moves import BATCH, move
-from .migration import MigrationReport, Target
+from .migration import MOVED_OUT, MigrationReport, Target
 from .rabbitmq_queue import (
     HOLDING_SUFFIX,
     Kind,
@@ -175,7 +175,7 @@ class Migration:
             self.hold_queue(state.holding)
             self.stop_consumers()
             self.wait_for_workers()
-            self.move_out("moved out", "publishers still publish to it")
+            self.move_out("publishers still publish to it")
             self.pause_publishers()
             try:
                 self.swap()
@@ -249,9 +249,10 @@ class Migration:
             f"(waited {time.monotonic() - started:.1f} s)",
         )
 
-    def move_out(self, action: str, why: str) -> int:
+    def move_out(self, why: str) -> int:
         moved = self._move(self.spec.name, self.spec.holding)
-        self.step(action, f"{moved} message(s) from {self.spec.name!r} into {self.spec.holding!r}; {why}")
+        detail = f"{moved} message(s) from {self.spec.name!r} into {self.spec.holding!r}; {why}"
+        self.step(MOVED_OUT, detail, moved)
         return moved
 
     def pause_publishers(self) -> None:
@@ -274,7 +275,7 @@ class Migration:
         from amqp.exceptions import PreconditionFailed
 
         for attempt in range(1, SWAP_ATTEMPTS + 1):
-            self.move_out("moved out", "published while the publishers were told to hold")
+            self.move_out("published while the publishers were told to hold")
             channel = self.conn.channel()
             try:
                 channel.queue_delete(queue=self.spec.name, if_unused=True, if_empty=True)

@@ -22,6 +22,10 @@ class Target(str, Enum):
     PLAIN = "plain"
 
 
+#: The step that moves a RabbitMQ queue's messages out to its holding queue.
+MOVED_OUT = "moved out"
+
+
 @dataclass
 class Step:
     """One thing the migration did (or, in a dry run, would do)."""
@@ -46,7 +50,9 @@ class MigrationReport:
 
     @property
     def moved(self) -> int:
-        return sum(s.messages for s in self.steps)
+        """Messages moved into the queue's new form; on RabbitMQ each also went out to the
+        holding queue first, a step of its own with its count, not counted again here."""
+        return sum(s.messages for s in self.steps if s.action != MOVED_OUT)
 
     def step(self, action: str, detail: str, messages: int = 0) -> Step:
         """Record a step and log it as it happens (a dry run logs what it would do)."""
