@@ -41,14 +41,20 @@ def saturation(policy: Policy, counts: Iterable[tuple[str, float]]) -> Saturatio
 
 def describe(found: Saturation, policy: Policy, mode: str) -> tuple[str, str]:
     """(what is wrong, the fix), worded for status and doctor."""
-    counted = "in flight" if mode == "inflight" else "counted in their busy spells"
+    counted = (
+        "in flight"
+        if mode == "inflight"
+        else "counted in their busy spells (counted, not necessarily still waiting: the seed count "
+        "does not fall as documents finish)"
+    )
     shown = ", ".join(found.clients[:5]) + (
         f" and {len(found.clients) - 5} more" if len(found.clients) > 5 else ""
     )
     problem = (
         f"{len(found.clients)} clients ({shown}) share the table's last row (pending < {found.limit}, "
-        f"priority {found.priority}) with {found.documents:,.0f} documents {counted}: they are served "
-        "first in first out among themselves, so the smaller ones wait behind the largest"
+        f"priority {found.priority}) with {found.documents:,.0f} documents {counted}: while they "
+        "send, their documents are served first in first out among themselves, so a smaller "
+        "client's wait behind a larger one's"
     )
     if table_name(policy) == "wide":
         fix = (
