@@ -84,10 +84,10 @@ def fail(message: str, code: int = 1) -> NoReturn:
 
 
 def print_table(table: Table) -> None:
-    """``table`` on the console: fitted to a terminal's width, and at its own width
-    elsewhere (piped, redirected, in a script), where nothing wraps at all: cut to
-    Rich's 80 columns, headers broke mid-word ("pendin" / "g")."""
-    if console.is_terminal:
+    """``table`` on the console: fitted to a terminal's width, or to ``COLUMNS`` when
+    set, and at its own width elsewhere (piped, redirected, in a script), where nothing
+    wraps at all: cut to Rich's 80 columns, headers broke mid-word ("pendin" / "g")."""
+    if console.is_terminal or os.environ.get("COLUMNS", "").strip().isdigit():
         console.print(table)
         return
     # Console.print caps a width at the console's own: a console of the table's width.
