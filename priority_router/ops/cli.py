@@ -33,6 +33,7 @@ from ..store.connection import store_error
 from ..store.counter import Counter, CounterState
 from ..store.gate import describe_held, held_by
 from ..store.inflight import InflightCounter
+from ..store.schema import marked_prefixes
 from ..thresholds import table_name
 from ..tiers import Tier
 from .cli_context import (
@@ -143,8 +144,19 @@ def status(ctx: click.Context, as_json: bool, app_name: str | None, limit: int |
         problem, fix = describe_saturation(saturated, router.policy, router.config.mode)
         console.print(f"[yellow]{escape(problem)}.[/] Fix: {escape(fix)}")
     if not tracked and app_name_of(ctx, app_name) is None:
-        other = "seed" if inflight else "inflight"
-        console.print(f"(a router in the {other} mode keeps other keys: add --mode {other}, or -A your app)")
+        prefix = router.config.key_prefix
+        marked = marked_prefixes(engine_of(router).redis)
+        if marked and prefix not in marked:
+            shown = ", ".join(repr(p) for p in marked)
+            console.print(
+                f"(no router has used key prefix {prefix!r} here; this store holds keys under "
+                f"{escape(shown)}: add --key-prefix PREFIX, or -A your app)"
+            )
+        else:
+            other = "seed" if inflight else "inflight"
+            console.print(
+                f"(a router in the {other} mode keeps other keys: add --mode {other}, or -A your app)"
+            )
 
 
 def _gate_cells(gate: dict[str, Any] | None) -> tuple[str, str, str]:

@@ -37,6 +37,20 @@ def schema_key(prefix: str) -> str:
     return f"{prefix}schema"
 
 
+def marked_prefixes(client: redis.Redis, most: int = 100_000) -> list[str]:
+    """The key prefixes routers have marked in this store (their schema markers), from a
+    SCAN of at most about ``most`` keys: for a reader that found nothing under its own."""
+    found: set[str] = set()
+    for seen, key in enumerate(client.scan_iter(match="*schema", count=1000)):
+        if seen >= most:
+            break
+        name = key.decode(errors="replace") if isinstance(key, bytes) else str(key)
+        value = client.get(key)
+        if isinstance(value, bytes) and value.isdigit():  # not some other application's "schema"
+            found.add(name.removesuffix("schema"))
+    return sorted(found)
+
+
 class SchemaMismatch(ConfigurationError):
     """The store holds a layout this release does not read."""
 

@@ -241,6 +241,20 @@ def test_status_says_how_many_are_tracked_and_shown(
     assert "--mode inflight" in empty, "an empty listing names the other mode"
 
 
+def test_an_empty_status_under_an_unused_prefix_names_the_prefixes_the_store_holds(
+    counter_url: str, key_prefix: str, router: PriorityRouter
+) -> None:
+    """A FastAPI trial's prefix lived in a .env file the CLI never read: the listing was
+    empty and the hint named the other counting mode, not the prefix."""
+    unused = f"{key_prefix}typo:"
+    result = CliRunner().invoke(main, ["--redis-url", counter_url, "--key-prefix", unused, "status"])
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())  # the console wraps at 80 columns
+    assert "0 client(s) tracked" in said
+    assert f"no router has used key prefix {unused!r} here; this store holds keys under" in said
+    assert repr(key_prefix) in said and "--key-prefix PREFIX" in said
+
+
 def test_the_app_option_goes_before_or_after_the_subcommand(
     counter_url: str, key_prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
