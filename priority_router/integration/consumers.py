@@ -27,7 +27,8 @@ logger = logging.getLogger("priority_router")
 
 FIX = (
     "install the router in that worker's app too (PriorityRouter(...).install(app) where the "
-    "worker's Celery app is created), then restart the worker"
+    "worker's Celery app is created), or switch its dry run off if it runs one "
+    "(PRIORITY_ROUTER_DRY_RUN in that worker's environment), then restart the worker"
 )
 
 
@@ -42,37 +43,100 @@ class BlindWorker:
     detail: str
 
 
-def blind_workers(
-    app: Celery, transport: Transport, queues: Iterable[str] | None = None, timeout: float = 1.0
-) -> list[BlindWorker] | None:
-    """Workers consuming ``queues`` (all, if None) that cannot see every priority.
+@dataclass(frozen=True)
+class Consumer:
+    """One worker consuming one queue, as the worker answered Celery's inspections."""
 
-    None when no worker answered the inspection within ``timeout`` seconds.
-    """
+    worker: str
+    queue: str
+    #: The queue as the worker declared it (``active_queues``).
+    declared: dict[str, Any]
+    #: The worker's settings that differ from Celery's defaults (``conf``); None when not asked.
+    conf: dict[str, Any] | None
+
+
+def consumers(
+    app: Celery, queues: Iterable[str] | None = None, with_conf: bool = True, timeout: float = 1.0
+) -> list[Consumer] | None:
+    """The workers consuming ``queues`` (all, if None), with their settings when
+    ``with_conf``: one ``active_queues`` broadcast, and one ``conf``.  None when no worker
+    answered within ``timeout`` seconds.  A worker that answered the first and not the
+    second in time (a busy one) is left out: a guess at its settings would judge a router
+    worker by Celery's defaults."""
     # An explicit connection, closed here: a pooled one could outlive a closed app.
     with app.connection_for_write() as conn:
         inspect = app.control.inspect(timeout=timeout, connection=conn)
         active: dict[str, list[dict[str, Any]]] = inspect.active_queues() or {}
         confs: dict[str, dict[str, Any]] = {}
-        if active and transport is Transport.REDIS:
+        if active and with_conf:
             confs = inspect.conf(with_defaults=False) or {}
     if not active:
         return None
     wanted = None if queues is None else set(queues)
     found = []
     for worker, consumed in sorted(active.items()):
-        if transport is Transport.REDIS and worker not in confs:
-            # It answered one inspection but not the other in time (a busy worker): what it
-            # polls is unknown, and a guess would call a router worker blind.
+        if with_conf and worker not in confs:
             continue
         for queue in consumed or ():
             name = queue.get("name")
-            if not isinstance(name, str) or (wanted is not None and name not in wanted):
-                continue
-            blind = _blindness(worker, name, queue, confs.get(worker) or {}, transport)
-            if blind is not None:
-                found.append(blind)
+            if isinstance(name, str) and (wanted is None or name in wanted):
+                found.append(Consumer(worker, name, queue, confs.get(worker) if with_conf else None))
     return found
+
+
+def blind_workers(
+    app: Celery, transport: Transport, queues: Iterable[str] | None = None, timeout: float = 1.0
+) -> list[BlindWorker] | None:
+    """Workers consuming ``queues`` (all, if None) that cannot see every priority.
+
+    None when no worker answered the inspection within ``timeout`` seconds.  Only the Redis
+    broker needs the workers' settings (their priority steps): on RabbitMQ the queue's
+    declaration says it all.
+    """
+    found = consumers(app, queues, with_conf=transport is Transport.REDIS, timeout=timeout)
+    return None if found is None else blindness(found, transport)
+
+
+def blindness(found: Iterable[Consumer], transport: Transport) -> list[BlindWorker]:
+    """The consumers of ``found`` that cannot see every priority."""
+    return [
+        blind
+        for c in found
+        if (blind := _blindness(c.worker, c.queue, c.declared, c.conf or {}, transport)) is not None
+    ]
+
+
+#: Celery's ``worker_prefetch_multiplier`` when a worker sets none.
+CELERY_PREFETCH_MULTIPLIER = 4
+
+#: What to do about a worker that takes documents ahead of their turn.
+AHEAD_FIX = (
+    "run the worker with the router installed and dry run off (it sets both at start), or set "
+    "worker_prefetch_multiplier = 1 and task_acks_late = True in that worker's app; then restart it"
+)
+
+
+def taking_ahead(found: Iterable[Consumer]) -> list[str]:
+    """One line per worker of ``found`` whose own settings take documents ahead of their
+    turn: a prefetch multiplier above 1 (0 is what a green pool on Redis runs with), or
+    early acknowledgements (a slot's next document is fetched as its current one starts).
+    A worker without the router runs Celery's defaults, both of them; so does one with the
+    router in dry run."""
+    said: dict[str, str] = {}
+    for c in found:
+        if c.conf is None or c.worker in said:
+            continue
+        multiplier = c.conf.get("worker_prefetch_multiplier", CELERY_PREFETCH_MULTIPLIER)
+        acks_late = c.conf.get("task_acks_late", False)
+        if isinstance(multiplier, int) and multiplier <= 1 and acks_late is True:
+            continue
+        said[c.worker] = (
+            f"worker {c.worker} (consuming {c.queue!r}) runs worker_prefetch_multiplier={multiplier!r}, "
+            f"task_acks_late={acks_late!r}: it takes documents before their turn, so lighter clients' "
+            "documents wait behind those it already holds (a worker without the router, or with it in "
+            "dry run)"
+        )
+    return list(said.values())
 
 
 def _blindness(

@@ -29,7 +29,7 @@ from ..integration.app_queues import declare_routed, queue_names
 from ..integration.brokers import AMQP_MAX_PRIORITY, Transport, transport_of
 from ..integration.celery_internals import priority_list
 from ..integration.celery_settings import COSTS, REDIS_PRIORITY_STEPS, Change, describe, wanted_changes
-from ..integration.consumers import FIX, blind_workers
+from ..integration.consumers import AHEAD_FIX, FIX, blindness, consumers, taking_ahead
 from ..integration.install import STOPGAP, applied_settings, settings_error, settle, unpriced_effect
 from ..integration.old_kombu import FIX as KOMBU_FIX
 from ..integration.old_kombu import shortfalls
@@ -566,15 +566,26 @@ def _check_consumers(app: Celery, transport: Transport) -> Iterator[Finding]:
     if router is not None and router.config.dry_run:
         yield Finding("workers", True, "not checked: in dry run the messages carry plain Celery's priorities")
         return
-    names = set(queue_names(app))
-    found = blind_workers(app, transport, names)
-    if found is None:
+    answered = consumers(app, set(queue_names(app)))
+    if answered is None:
         yield Finding("workers", True, "no worker answered, so none could be checked")
         return
-    for blind in found:
-        yield Finding("workers", False, blind.detail, FIX)
-    if not found:
-        yield Finding("workers", True, "every worker consuming these queues takes every priority")
+    blind = blindness(answered, transport)
+    for worker in blind:
+        yield Finding("workers", False, worker.detail, FIX)
+    # What the prefetch and acks_late lines above judge is this app as loaded here, with
+    # this shell's environment; the workers' own settings may differ (environment variables
+    # are per process).
+    ahead = taking_ahead(answered)
+    for detail in ahead:
+        yield Finding("workers", False, detail, AHEAD_FIX)
+    if not blind and not ahead:
+        yield Finding(
+            "workers",
+            True,
+            "every worker consuming these queues takes every priority, one document a slot, "
+            "acknowledged late",
+        )
 
 
 def _check_default_priority(app: Celery, transport: Transport) -> Iterator[Finding]:

@@ -188,3 +188,25 @@ def test_doctor_says_dry_run_and_what_switching_on_would_set(
     assert "task_acks_late=True (now False)" in findings["dry run"].detail
     assert findings["prefetch"].detail.startswith("dry run, so not applied yet")
     assert "not checked" in findings["workers"].detail
+
+
+def test_doctor_names_a_worker_in_dry_run_that_its_own_process_does_not(
+    worker_env: dict[str, str], dry_env: dict[str, str]
+) -> None:
+    """Settings from the environment differ per process: a FastAPI trial's worker ran in
+    dry run while doctor, run from another shell, said prefetch 1 and late acks. doctor
+    now asks the workers consuming the app's queues for their own settings."""
+    app = create_app(worker_env)  # the router on, not in dry run: the shell doctor runs in
+    try:
+        with running_worker(dry_env, "--pool", "threads", "--concurrency", "2") as worker:
+            findings = diagnose(app)
+            said = worker.output()[-2000:]
+        failing = [f for f in findings if f.check == "workers" and not f.ok]
+        # Its priority lists or its queue (blind), and what it takes ahead.
+        assert len(failing) == 2, (findings, said)
+        (ahead,) = [f for f in failing if "worker_prefetch_multiplier=4, task_acks_late=False" in f.detail]
+        assert "dry run off" in ahead.fix
+        assert all("dry run" in f.fix for f in failing)
+        assert {f.check: f for f in findings}["prefetch"].ok, "the doctor's own app is fine"
+    finally:
+        close_app(app)
