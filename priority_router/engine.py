@@ -128,16 +128,7 @@ class Engine:
 
         def count() -> tuple[bool, int | float, Any]:
             tiered = self.tiered()
-            try:
-                return (tiered, *self.count(client_id, task_id, tiered, units))
-            except STORE_ERRORS:
-                if task_id is not None and self.inflight is not None:
-                    # The script may have reached the store and run there after the timeout (a
-                    # stall, a lost reply): the document goes out uncounted, so nothing would end
-                    # it.  Its end is owed: sent once the store answers, it removes the entry if
-                    # it landed and changes nothing if it did not.
-                    self._owe((client_id, task_id, units))
-                raise
+            return (tiered, *self.count(client_id, task_id, tiered, units))
 
         counted = self._quietly(count, "publish")
         if counted is None:
@@ -172,7 +163,16 @@ class Engine:
         costs = self.costs(units)
         if self.inflight is not None:
             assert task_id is not None
-            return self.inflight.count(client, task_id, units, tiered, costs)
+            try:
+                return self.inflight.count(client, task_id, units, tiered, costs)
+            except STORE_ERRORS:
+                # The script may have reached the store and run there after the timeout (a
+                # stall, a lost reply), while its caller takes the document as uncounted
+                # (a publish fails open, ``record`` raises), so nothing would end it.  Its
+                # end is owed: sent once the store answers, it removes the entry if it
+                # landed and changes nothing if it did not.
+                self._owe((client, task_id, units))
+                raise
         pendings, stored = self.counter.count(client, 1, units, tiered, costs)
         return pendings[0], stored
 

@@ -103,7 +103,9 @@ class PriorityRouter:
         :meth:`end` takes off again) and ignored otherwise.  Raises
         :class:`CounterUnavailable` when Redis cannot answer, :class:`InvalidCost` for a
         cost that is not a positive finite number up to a million, and ``ValueError`` when
-        ``client_id`` cannot be a client id (None, empty, a container).
+        ``client_id`` cannot be a client id (None, empty, a container).  A document whose
+        record raised is not counted: in ``mode="inflight"``, should a stalled store run the
+        check later, the router ends it there once the store answers.
         """
         client = self._client(client_id)
         units = cost_units(cost)

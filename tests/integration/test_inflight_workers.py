@@ -16,7 +16,7 @@ from celery.exceptions import TimeLimitExceeded, WorkerLostError
 from support.celery_versions import skip_without_fast_redelivery
 from support.services import fast_redelivery, free_port, kill_worker_mid_work, running_worker
 
-from priority_router import PriorityRouter, Reason
+from priority_router import CounterUnavailable, PriorityRouter, Reason
 from priority_router.router import engine_of
 from priority_router.store.inflight import member
 
@@ -162,7 +162,8 @@ def test_a_publish_whose_check_ran_after_a_stall_is_ended_once_the_store_answers
     and sends the document uncounted, while the store runs the check once the stall ends
     and lists the document in flight.  Nothing would end that entry, and a busy client
     re-arms its idle reset with every publish (a FastAPI trial found one left for good):
-    the publisher owes its end and sends it once the store answers."""
+    the publisher owes its end and sends it once the store answers.  So does ``record``,
+    which raises instead."""
     env = {
         "PRIORITY_ROUTER_MODE": "inflight",
         "PRIORITY_ROUTER_REDIS_URL": own_counter_store,
@@ -170,6 +171,10 @@ def test_a_publish_whose_check_ran_after_a_stall_is_ended_once_the_store_answers
     }
     router = PriorityRouter.from_env(env, socket_timeout=0.1, connect_timeout=1)
     assert router.decide("acme", task_id="before").reason is Reason.COUNTED
+    # Another process's router, its connection open too: the stall's first call on each
+    # goes out on a live connection (a new one would fail in its handshake, unsent).
+    recorder = PriorityRouter.from_env(env, socket_timeout=0.1, connect_timeout=1)
+    assert recorder.record("other", "warm").reason is Reason.COUNTED
     store = redis.Redis.from_url(own_counter_store)
     server = int(store.info("server")["process_id"])
     # A stopped process, not CLIENT PAUSE: a paused server drops a disconnected client's
@@ -177,6 +182,8 @@ def test_a_publish_whose_check_ran_after_a_stall_is_ended_once_the_store_answers
     os.kill(server, signal.SIGSTOP)
     try:
         assert router.decide("acme", task_id="stalled").reason is Reason.FAIL_OPEN
+        with pytest.raises(CounterUnavailable):  # the explicit call: raised, so not counted either
+            recorder.record("acme", "recorded-in-the-stall")
         time.sleep(0.3)
     finally:
         os.kill(server, signal.SIGCONT)
