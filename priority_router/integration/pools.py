@@ -91,8 +91,9 @@ def _autoscaled(pool: WorkerPool, autoscale: object) -> WorkerPool:
 
 
 def pool_of_stats(stats: Mapping[str, Any]) -> WorkerPool | None:
-    """The pool a live worker reports in ``inspect stats`` (its ``pool`` section), or None
-    when it reports none.  A known pool is named by its alias, without importing it."""
+    """The pool a live worker reports in ``inspect stats`` (its ``pool`` section, and an
+    autoscaled one's ``autoscaler`` section, whose pool reports only its current size), or
+    None when it reports none.  A known pool is named by its alias, without importing it."""
     reported = stats.get("pool") or {}
     implementation = reported.get("implementation")
     if not isinstance(implementation, str):
@@ -101,7 +102,9 @@ def pool_of_stats(stats: Mapping[str, Any]) -> WorkerPool | None:
         (a for a, path in concurrency.ALIASES.items() if path == implementation and a != "processes"),
         implementation,
     )
-    return pool_named(alias, reported.get("max-concurrency"))
+    named = pool_named(alias, reported.get("max-concurrency"))
+    scaler = stats.get("autoscaler") or {}
+    return _autoscaled(named, (scaler.get("max"), scaler.get("min"))) if scaler else named
 
 
 def _identify(pool: object) -> tuple[str, bool]:

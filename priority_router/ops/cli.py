@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -361,6 +362,12 @@ def queues(ctx: click.Context, app_name: str | None, as_json: bool) -> None:
         console.print("RabbitMQ reports total depth only; AMQP has no per-priority breakdown.")
 
 
+def _autoscale_option(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is not None and not re.fullmatch(r"\d+(,\d+)?", value.strip()):
+        raise click.BadParameter(f"{value!r}: give MAX,MIN as `celery worker --autoscale` takes it, e.g. 4,1")
+    return value
+
+
 @main.command()
 @app_option
 @json_option
@@ -379,20 +386,33 @@ def queues(ctx: click.Context, app_name: str | None, as_json: bool) -> None:
     help="The worker's concurrency, as for `celery worker -c` [the live workers', else the app's "
     "worker_concurrency].",
 )
+@click.option(
+    "--autoscale",
+    default=None,
+    metavar="MAX,MIN",
+    callback=_autoscale_option,
+    help="The worker's --autoscale, as for `celery worker --autoscale` [the live workers'].",
+)
 @click.pass_context
 def doctor(
-    ctx: click.Context, app_name: str | None, as_json: bool, pool: str | None, concurrency: int | None
+    ctx: click.Context,
+    app_name: str | None,
+    as_json: bool,
+    pool: str | None,
+    concurrency: int | None,
+    autoscale: str | None,
 ) -> None:
     """Check what silently defeats priorities; exit 1 when anything does."""
-    from ..integration.pools import pool_named
+    from ..integration.pools import pool_of_options
     from .doctor import diagnose
 
     app_name = required_app(ctx, app_name)
     app = load_app(app_name, refuse_bad_settings=False)  # diagnose reports it
     worker_pool = None  # the live workers' pool, else the app's settings'
-    if pool is not None or concurrency is not None:
+    if pool is not None or concurrency is not None or autoscale is not None:
+        options = {"pool": pool, "concurrency": concurrency, "autoscale": autoscale}
         try:
-            worker_pool = pool_named(pool or app.conf.worker_pool, concurrency or app.conf.worker_concurrency)
+            worker_pool = pool_of_options(options, app.conf)
         except Exception as exc:
             fail(f"unknown worker pool {pool!r} ({exc}); use prefork, threads, solo, gevent or eventlet", 2)
     try:

@@ -106,6 +106,12 @@ def test_doctor_checks_for_the_pool_the_live_workers_run(
     assert pool["detail"] == "threads pool, concurrency 3, as the 1 worker(s) answering run"
     (prefetch,) = [f for f in findings if f["check"] == "prefetch"]
     assert prefetch["detail"].startswith("threads pool, concurrency 3")
+    # Without a live worker, an autoscaled one is described as it is started.
+    _, findings = invoke("doctor", "-A", name, "--autoscale", "4,1")
+    (prefetch,) = [f for f in findings if f["check"] == "prefetch"]
+    assert prefetch["detail"].startswith("prefork pool, autoscaled from 1 to 4")
+    refused = CliRunner().invoke(main, ["doctor", "-A", name, "--autoscale", "four"])
+    assert refused.exit_code == 2 and "give MAX,MIN" in refused.output
 
 
 def test_doctor_names_what_defeats_priorities(app_module: AppFactory, redis_server_url: str) -> None:

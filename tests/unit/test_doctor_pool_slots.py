@@ -21,6 +21,20 @@ def test_an_autoscaled_worker_counts_at_its_autoscalers_most() -> None:
     assert doctor._pool_slots(stats, None) == (10, "2 worker(s) answering")
 
 
+def test_an_autoscaled_worker_is_checked_for_its_autoscalers_range() -> None:
+    """Its pool section reports the current size (1 when idle), which the pool line showed
+    while the limits line counted the most (a Django trial's --autoscale=4,1)."""
+    stats = {
+        "w1@h": {
+            "pool": {"implementation": "celery.concurrency.prefork:TaskPool", "max-concurrency": 1},
+            "autoscaler": {"max": 4, "min": 1, "current": 1, "qty": 0},
+        }
+    }
+    pool, said = doctor._pool_to_check(Celery("t", broker="memory://", set_as_current=False), stats)
+    assert (pool.concurrency, pool.fewest) == (4, 1)
+    assert said.detail == "prefork pool, autoscaled from 1 to 4, as the 1 worker(s) answering run"
+
+
 def test_a_check_stopped_by_a_redis_user_without_channels_names_the_acl_fix(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
