@@ -26,7 +26,7 @@ from .errors import ConfigurationError, CounterUnavailable
 from .metrics import RouterMetrics, get_metrics
 from .redact import redact_url
 from .store.breaker import STORE_ERRORS, CircuitBreaker
-from .store.connection import make_client
+from .store.connection import make_client, ping_every_master
 from .store.costs import ONE, CostsInUse, InvalidCost, as_count, cost_units
 from .store.counter import Counter
 from .store.gate import GateStore
@@ -87,7 +87,7 @@ class Engine:
             config.cooldown,
             f"the priority counter at {redact_url(config.redis_url)}",
             # A lambda: a cluster client is built (and connects) at its first use, not here.
-            probe=lambda: redis_client.ping(),
+            probe=lambda: ping_every_master(redis_client),
         )
         #: ``mode="inflight"``: ends that could not be sent while the store failed.
         self._owed: OwedEnds[End] = OwedEnds()

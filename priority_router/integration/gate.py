@@ -42,6 +42,7 @@ from ..limits import Limits
 from ..redact import redact_url
 from ..store.breaker import STORE_ERRORS, CircuitBreaker
 from ..store.client_ids import normalize_client_id
+from ..store.connection import ping_every_master
 from ..store.gate import RECHECK, RELEASE_BATCH, REMEMBER_SENT_MS, Verdict, describe_held
 from ..store.limit_store import Snapshot
 from ..store.owed import OwedEnds
@@ -82,7 +83,7 @@ class Gate:
             f"the gate's counter store at {redact_url(router.config.redis_url)}",
             meanwhile="documents of limited clients run without their limits, and the ends of gated "
             "documents are kept to send once it answers",
-            probe=lambda: router.redis.ping(),
+            probe=lambda: ping_every_master(router.redis),
         )
         self.owed: OwedEnds[tuple[str, str]] = OwedEnds()
         #: How long a published release is remembered: longer than the broker takes to give

@@ -82,6 +82,18 @@ def is_cluster(client: object) -> bool:
     return isinstance(client, RedisCluster | LazyCluster)
 
 
+def ping_every_master(client: redis.Redis) -> None:
+    """A breaker's probe (``breaker.py``): a ``PING`` to every master of a cluster, else to
+    the one server; raises as the first that fails.  A cluster's plain ``PING`` goes to one
+    node, which answers while another master is stopped: the breaker then let a publish
+    through to that master, which waited its timeout again, once per probe."""
+    if is_cluster(client):
+        cluster = client.cluster if isinstance(client, LazyCluster) else client
+        cluster.ping(target_nodes=RedisCluster.PRIMARIES)
+    else:
+        client.ping()
+
+
 class LazyCluster:
     """A :class:`~redis.cluster.RedisCluster` built at its first use, then used as itself.
 

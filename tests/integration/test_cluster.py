@@ -9,7 +9,9 @@ own while documents keep being published.
 from __future__ import annotations
 
 import json
+import logging
 import re
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -31,6 +33,7 @@ from priority_router import (
     ConfigurationError,
     CounterUnavailable,
     PriorityRouter,
+    Reason,
     RouterConfig,
     Transport,
     from_wire,
@@ -595,6 +598,42 @@ def test_publishes_keep_going_through_a_failover(
         assert cluster.master_of_key(keys.key(client)) is replica
         resumed = next(p for p in after_kill if p.client == client and p.reason == "counted")
         assert resumed.pending == before_kill[client] - 1
+
+
+def test_a_stopped_master_stalls_one_publish_not_one_per_probe(
+    doomed_cluster: LocalCluster, key_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The breaker's probe asks every master: a probe that asked one healthy node said the
+    store answered while a master was stopped, and each time one publish to that master
+    waited its timeout again (a newcomer's cluster trial counted 6 in one outage)."""
+    cluster = doomed_cluster
+    router = PriorityRouter(
+        redis_url=cluster.url, key_prefix=key_prefix, cooldown=0.2, socket_timeout=0.25, connect_timeout=0.25
+    )
+    keys = engine_of(router).counter
+    victim = cluster.master_of_key(keys.key("client-0"))
+    candidates = [f"client-{i}" for i in range(40)]
+    on_victim = next(c for c in candidates if cluster.master_of_key(keys.key(c)) is victim)
+    elsewhere = next(c for c in candidates if cluster.master_of_key(keys.key(c)) is not victim)
+    for client in (on_victim, elsewhere):
+        assert router.decide(client).reason is Reason.COUNTED
+    stalls = []
+    victim.process.send_signal(signal.SIGSTOP)
+    try:
+        with caplog.at_level(logging.INFO, "priority_router"):
+            stopped_at = time.monotonic()
+            # Below the cluster's node timeout (1 s): no failover, the master is only stopped.
+            while time.monotonic() < stopped_at + 0.8:
+                for client in (on_victim, elsewhere):
+                    started = time.monotonic()
+                    router.decide(client)
+                    if time.monotonic() - started > 0.2:
+                        stalls.append(round(time.monotonic() - started, 2))
+                time.sleep(0.01)
+    finally:
+        victim.process.send_signal(signal.SIGCONT)
+    assert len(stalls) <= 1, stalls
+    assert "answering again" not in caplog.text, caplog.text
 
 
 def test_caps_hold_on_the_cluster_with_real_workers(
