@@ -82,7 +82,7 @@ class Gate:
             router.config.cooldown,
             f"the gate's counter store at {redact_url(router.config.redis_url)}",
             meanwhile="documents of limited clients run without their limits, and the ends of gated "
-            "documents are kept to send once it answers",
+            "documents are kept to send later",
             probe=lambda: ping_every_master(router.redis),
         )
         self.owed: OwedEnds[tuple[str, str]] = OwedEnds()

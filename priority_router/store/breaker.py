@@ -43,7 +43,7 @@ FIRST_PROBE = 0.05
 #: For each purpose: what the process does while the store fails, and once it answers.
 PURPOSES = {
     "publish": ("publishing with the default priority", "publishes are counted again"),
-    "ends": ("keeping documents' ends to send once it answers", "documents' ends are sent again"),
+    "ends": ("keeping documents' ends to send later", "documents' ends are sent again"),
 }
 
 

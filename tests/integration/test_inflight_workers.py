@@ -218,7 +218,7 @@ def test_ends_a_stalled_store_missed_are_sent_again(
         for r in results:
             r.get(timeout=60)
         assert _wait_in_flight(router, "stalled", 0, timeout=20) == 0, worker.output()[-3000:]
-        assert "keeping documents' ends to send once it answers" in worker.output()
+        assert "keeping documents' ends to send later" in worker.output()
     store.close()
 
 

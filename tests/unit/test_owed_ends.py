@@ -46,7 +46,7 @@ def test_ends_missed_during_a_stall_are_sent_once_the_store_answers(caplog: pyte
     stalls = Stalls(router)
     stalls.stalled = True
     assert [engine_of(router).end_quietly("heavy", f"t{n}") for n in range(3)] == [False] * 3
-    assert "keeping documents' ends to send once it answers" in caplog.text
+    assert "keeping documents' ends to send later" in caplog.text
     stalls.stalled = False
     assert _in_flight(router, "heavy") == 5  # nothing ended yet
     time.sleep(0.1)  # past the cooldown: the next end sends the owed ones too
