@@ -709,12 +709,22 @@ def _room(state: GateState, limits: Limits) -> bool:
 
 
 def _worker_stats(app: Celery) -> Mapping[str, Any]:
-    """What the live workers answer to ``inspect stats``, by worker; empty when none answers."""
+    """What the live workers consuming the app's queues answer to ``inspect stats``, by
+    worker; empty when none answers.  Other apps' workers on the same broker answer too,
+    and their pools are not this app's."""
     try:
         with app.connection_for_write() as conn:
-            return app.control.inspect(timeout=1.0, connection=conn).stats() or {}
+            inspect = app.control.inspect(timeout=1.0, connection=conn)
+            stats: dict[str, Any] = inspect.stats() or {}
+            active: dict[str, list[dict[str, Any]]] = (inspect.active_queues() or {}) if stats else {}
     except Exception:
         return {}
+    ours = set(queue_names(app))
+    return {
+        worker: stat
+        for worker, stat in stats.items()
+        if any(q.get("name") in ours for q in active.get(worker) or ())
+    }
 
 
 def _pool_to_check(app: Celery, stats: Mapping[str, Any]) -> tuple[WorkerPool, Finding]:

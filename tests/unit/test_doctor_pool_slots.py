@@ -4,6 +4,7 @@ fix it names when a check cannot run."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from unittest import mock
 
 import pytest
 import redis
@@ -33,6 +34,24 @@ def test_an_autoscaled_worker_is_checked_for_its_autoscalers_range() -> None:
     pool, said = doctor._pool_to_check(Celery("t", broker="memory://", set_as_current=False), stats)
     assert (pool.concurrency, pool.fewest) == (4, 1)
     assert said.detail == "prefork pool, autoscaled from 1 to 4, as the 1 worker(s) answering run"
+
+
+def test_only_the_workers_consuming_the_apps_queues_are_asked_about_their_pool() -> None:
+    """Another app's workers on the same broker answer the broadcast too (a cluster trial's
+    doctor took a test suite's 2-slot worker for its own 4-slot ones)."""
+    app = Celery("t", broker="memory://", set_as_current=False)
+    app.conf.task_default_queue = "docs"
+    inspect = mock.Mock()
+    inspect.stats.return_value = {
+        "ours@h": {"pool": {"implementation": "celery.concurrency.prefork:TaskPool", "max-concurrency": 4}},
+        "theirs@h": {"pool": {"implementation": "celery.concurrency.prefork:TaskPool", "max-concurrency": 2}},
+    }
+    inspect.active_queues.return_value = {"ours@h": [{"name": "docs"}], "theirs@h": [{"name": "other"}]}
+    with mock.patch.object(app.control, "inspect", return_value=inspect):
+        stats = doctor._worker_stats(app)
+    assert list(stats) == ["ours@h"]
+    pool, _ = doctor._pool_to_check(app, stats)
+    assert pool.concurrency == 4
 
 
 def test_a_check_stopped_by_a_redis_user_without_channels_names_the_acl_fix(
