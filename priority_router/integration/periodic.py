@@ -71,5 +71,10 @@ class Periodic:
                 now = time.monotonic()
                 self._working_since = self._working_since or now
                 if now - self._working_since >= self.steady:
-                    logger.info("priority-router: %s works again", self.doing)
+                    # Said once it held, so the log's time is late: name when it came back.
+                    logger.info(
+                        "priority-router: %s works again (since %.0f s ago)",
+                        self.doing,
+                        now - self._working_since,
+                    )
                     self._failing, self._working_since = False, None
