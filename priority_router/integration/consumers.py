@@ -61,8 +61,8 @@ def consumers(
     """The workers consuming ``queues`` (all, if None), with their settings when
     ``with_conf``: one ``active_queues`` broadcast, and one ``conf``.  None when no worker
     answered within ``timeout`` seconds.  A worker that answered the first and not the
-    second in time (a busy one) is left out: a guess at its settings would judge a router
-    worker by Celery's defaults."""
+    second in time (a busy one) has ``conf`` None, as when it was not asked: a guess at its
+    settings would judge a router worker by Celery's defaults."""
     # An explicit connection, closed here: a pooled one could outlive a closed app.
     with app.connection_for_write() as conn:
         inspect = app.control.inspect(timeout=timeout, connection=conn)
@@ -75,12 +75,10 @@ def consumers(
     wanted = None if queues is None else set(queues)
     found = []
     for worker, consumed in sorted(active.items()):
-        if with_conf and worker not in confs:
-            continue
         for queue in consumed or ():
             name = queue.get("name")
             if isinstance(name, str) and (wanted is None or name in wanted):
-                found.append(Consumer(worker, name, queue, confs.get(worker) if with_conf else None))
+                found.append(Consumer(worker, name, queue, confs.get(worker)))
     return found
 
 
@@ -98,11 +96,13 @@ def blind_workers(
 
 
 def blindness(found: Iterable[Consumer], transport: Transport) -> list[BlindWorker]:
-    """The consumers of ``found`` that cannot see every priority."""
+    """The consumers of ``found`` that cannot see every priority (on Redis, of those whose
+    settings are known)."""
     return [
         blind
         for c in found
-        if (blind := _blindness(c.worker, c.queue, c.declared, c.conf or {}, transport)) is not None
+        if (c.conf is not None or transport is not Transport.REDIS)
+        and (blind := _blindness(c.worker, c.queue, c.declared, c.conf or {}, transport)) is not None
     ]
 
 

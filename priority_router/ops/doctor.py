@@ -579,12 +579,20 @@ def _check_consumers(app: Celery, transport: Transport) -> Iterator[Finding]:
     ahead = taking_ahead(answered)
     for detail in ahead:
         yield Finding("workers", False, detail, AHEAD_FIX)
-    if not blind and not ahead:
+    unread = sorted({c.worker for c in answered if c.conf is None})
+    if unread:
         yield Finding(
             "workers",
             True,
-            "every worker consuming these queues takes every priority, one document a slot, "
-            "acknowledged late",
+            f"not checked: {', '.join(unread)} did not give its settings within 1 s (a busy worker); "
+            "run doctor again to check it",
+        )
+    if not blind and not ahead and len(unread) < len({c.worker for c in answered}):
+        yield Finding(
+            "workers",
+            True,
+            f"every worker {'else ' if unread else ''}consuming these queues takes every priority, one "
+            "document a slot, acknowledged late",
         )
 
 
