@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from celery import Celery
+from celery.app.defaults import DEFAULTS
 from kombu.transport.redis import PRIORITY_STEPS as KOMBU_PRIORITY_STEPS
 
 from ..forks import renew_after_fork
@@ -106,9 +107,6 @@ def blindness(found: Iterable[Consumer], transport: Transport) -> list[BlindWork
     ]
 
 
-#: Celery's ``worker_prefetch_multiplier`` when a worker sets none.
-CELERY_PREFETCH_MULTIPLIER = 4
-
 #: What to do about a worker that takes documents ahead of their turn.
 AHEAD_FIX = (
     "run the worker with the router installed and dry run off (it sets both at start), or set "
@@ -126,8 +124,9 @@ def taking_ahead(found: Iterable[Consumer]) -> list[str]:
     for c in found:
         if c.conf is None or c.worker in said:
             continue
-        multiplier = c.conf.get("worker_prefetch_multiplier", CELERY_PREFETCH_MULTIPLIER)
-        acks_late = c.conf.get("task_acks_late", False)
+        # ``conf`` gives only what differs from Celery's defaults.
+        multiplier = c.conf.get("worker_prefetch_multiplier", DEFAULTS["worker_prefetch_multiplier"])
+        acks_late = c.conf.get("task_acks_late", DEFAULTS["task_acks_late"])
         if isinstance(multiplier, int) and multiplier <= 1 and acks_late is True:
             continue
         said[c.worker] = (

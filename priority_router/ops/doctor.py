@@ -29,7 +29,7 @@ from ..integration.app_queues import declare_routed, queue_names
 from ..integration.brokers import AMQP_MAX_PRIORITY, Transport, transport_of
 from ..integration.celery_internals import priority_list
 from ..integration.celery_settings import COSTS, REDIS_PRIORITY_STEPS, Change, describe, wanted_changes
-from ..integration.consumers import AHEAD_FIX, FIX, blindness, consumers, taking_ahead
+from ..integration.consumers import AHEAD_FIX, FIX, Consumer, blindness, consumers, taking_ahead
 from ..integration.install import STOPGAP, applied_settings, settings_error, settle, unpriced_effect
 from ..integration.old_kombu import FIX as KOMBU_FIX
 from ..integration.old_kombu import shortfalls
@@ -100,8 +100,10 @@ def diagnose(app: Celery, pool: WorkerPool | None = None) -> list[Finding]:
         ]
     checks: dict[str, Check] = dict(_CHECKS)
     findings: list[Finding] = []
-    # The workers are asked at most once (a broadcast that waits a second), when a check needs them.
-    stats = functools.cache(lambda: _worker_stats(app))
+    # The workers are asked at most once each (broadcasts that wait a second), when a check
+    # needs them: which consume the app's queues, with their settings, then their pools.
+    answered = functools.cache(lambda: consumers(app, set(queue_names(app))))
+    stats = functools.cache(lambda: _worker_stats(app, answered))
     given = pool
     if pool is None:
         pool, said = _pool_to_check(app, stats())
@@ -110,6 +112,7 @@ def diagnose(app: Celery, pool: WorkerPool | None = None) -> list[Finding]:
     checks["kombu"] = functools.partial(_check_kombu, pool=pool)
     # Caps are checked against the workers answering, else the pool given: never a guess.
     checks["limits"] = functools.partial(_check_limits, pool=given, stats=stats)
+    checks["workers"] = functools.partial(_check_consumers, answered=answered)
     for name, check in checks.items():
         try:
             findings.extend(check(app, transport))
@@ -559,27 +562,33 @@ def _check_table(router: PriorityRouter) -> Finding:
     )
 
 
-def _check_consumers(app: Celery, transport: Transport) -> Iterator[Finding]:
+def _check_consumers(
+    app: Celery, transport: Transport, answered: Callable[[], list[Consumer] | None] | None = None
+) -> Iterator[Finding]:
+    """The workers consuming the app's queues (``answered()``: what they answered)."""
     if transport not in (Transport.REDIS, Transport.AMQP):
         return
     router = installed_router(app)
     if router is not None and router.config.dry_run:
         yield Finding("workers", True, "not checked: in dry run the messages carry plain Celery's priorities")
         return
-    answered = consumers(app, set(queue_names(app)))
-    if answered is None:
+    found = answered() if answered is not None else consumers(app, set(queue_names(app)))
+    if found is None:
         yield Finding("workers", True, "no worker answered, so none could be checked")
         return
-    blind = blindness(answered, transport)
+    if not found:
+        yield Finding("workers", True, "no worker answering consumes these queues")
+        return
+    blind = blindness(found, transport)
     for worker in blind:
         yield Finding("workers", False, worker.detail, FIX)
     # What the prefetch and acks_late lines above judge is this app as loaded here, with
     # this shell's environment; the workers' own settings may differ (environment variables
     # are per process).
-    ahead = taking_ahead(answered)
+    ahead = taking_ahead(found)
     for detail in ahead:
         yield Finding("workers", False, detail, AHEAD_FIX)
-    unread = sorted({c.worker for c in answered if c.conf is None})
+    unread = sorted({c.worker for c in found if c.conf is None})
     if unread:
         yield Finding(
             "workers",
@@ -587,7 +596,7 @@ def _check_consumers(app: Celery, transport: Transport) -> Iterator[Finding]:
             f"not checked: {', '.join(unread)} did not give its settings within 1 s (a busy worker); "
             "run doctor again to check it",
         )
-    if not blind and not ahead and len(unread) < len({c.worker for c in answered}):
+    if not blind and not ahead and len(unread) < len({c.worker for c in found}):
         yield Finding(
             "workers",
             True,
@@ -716,23 +725,22 @@ def _room(state: GateState, limits: Limits) -> bool:
     return bool(state.held) and limits.rate is None and cap is not None and state.running < cap
 
 
-def _worker_stats(app: Celery) -> Mapping[str, Any]:
-    """What the live workers consuming the app's queues answer to ``inspect stats``, by
-    worker; empty when none answers.  Other apps' workers on the same broker answer too,
-    and their pools are not this app's."""
+def _worker_stats(
+    app: Celery, answered: Callable[[], list[Consumer] | None] | None = None
+) -> Mapping[str, Any]:
+    """What the live workers consuming the app's queues (``answered()``, else asked here)
+    answer to ``inspect stats``, by worker; empty when none answers.  Other apps' workers
+    on the same broker answer too, and their pools are not this app's."""
     try:
+        found = answered() if answered is not None else consumers(app, set(queue_names(app)))
+        if not found:
+            return {}
         with app.connection_for_write() as conn:
-            inspect = app.control.inspect(timeout=1.0, connection=conn)
-            stats: dict[str, Any] = inspect.stats() or {}
-            active: dict[str, list[dict[str, Any]]] = (inspect.active_queues() or {}) if stats else {}
+            stats: dict[str, Any] = app.control.inspect(timeout=1.0, connection=conn).stats() or {}
     except Exception:
         return {}
-    ours = set(queue_names(app))
-    return {
-        worker: stat
-        for worker, stat in stats.items()
-        if any(q.get("name") in ours for q in active.get(worker) or ())
-    }
+    ours = {c.worker for c in found}
+    return {worker: stat for worker, stat in stats.items() if worker in ours}
 
 
 def _pool_to_check(app: Celery, stats: Mapping[str, Any]) -> tuple[WorkerPool, Finding]:

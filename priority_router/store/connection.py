@@ -88,8 +88,7 @@ def ping_every_master(client: redis.Redis) -> None:
     node, which answers while another master is stopped: the breaker then let a publish
     through to that master, which waited its timeout again, once per probe."""
     if is_cluster(client):
-        cluster = client.cluster if isinstance(client, LazyCluster) else client
-        cluster.ping(target_nodes=RedisCluster.PRIMARIES)
+        client.ping(target_nodes=RedisCluster.PRIMARIES)
     else:
         client.ping()
 

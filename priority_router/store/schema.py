@@ -38,8 +38,9 @@ def schema_key(prefix: str) -> str:
 
 
 def marked_prefixes(client: redis.Redis, most: int = 100_000) -> list[str]:
-    """The key prefixes routers have marked in this store (their schema markers), from a
-    SCAN of at most about ``most`` keys: for a reader that found nothing under its own."""
+    """The key prefixes routers have marked in this store (their schema markers), at most
+    ``most`` of them, from a SCAN of the whole keyspace as ``status`` makes for its own
+    prefix: for a reader that found nothing under its own."""
     found: set[str] = set()
     for seen, key in enumerate(client.scan_iter(match="*schema", count=1000)):
         if seen >= most:

@@ -60,17 +60,18 @@ def test_a_check_stopped_by_a_redis_user_without_channels_names_the_acl_fix(
     """Celery's remote control publishes on Redis channels, which a Redis 7 ACL user lacks
     by default; doctor's workers check then says which permission to grant."""
 
-    def denied(app: Celery, transport: object) -> Iterator[doctor.Finding]:
+    def denied(app: Celery, queues: object) -> None:
         raise redis.exceptions.NoPermissionError(
             "this user has no permissions to access one of the channels used as arguments"
         )
-        yield  # a generator, as checks are
 
     def broken(app: Celery, transport: object) -> Iterator[doctor.Finding]:
         raise RuntimeError("something else")
         yield
 
-    monkeypatch.setattr(doctor, "_CHECKS", {"workers": denied, "other": broken})
+    # The workers check's broadcast is refused (what Celery's inspect raises then).
+    monkeypatch.setattr(doctor, "consumers", denied)
+    monkeypatch.setattr(doctor, "_CHECKS", {"workers": doctor._check_consumers, "other": broken})
     app = Celery("acl", broker="redis://127.0.0.1:6379/15")
     found = {f.check: f for f in doctor.diagnose(app, pool_named("threads", 4))}
     assert not found["workers"].ok and "&*" in found["workers"].fix
