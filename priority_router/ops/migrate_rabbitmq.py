@@ -42,7 +42,7 @@ from ..integration.publisher_pause import GRACE, Mark, MigrationMark
 from ..redact import redact_url
 from ..router import installed_router
 from ..store.connection import make_client
-from ..thresholds import LEAST_URGENT, MOST_URGENT
+from ..thresholds import is_priority
 from . import rabbitmq_workers as workers
 from .amqp_moves import BATCH, move
 from .migration import MOVED_OUT, MigrationReport, Target
@@ -380,10 +380,11 @@ class Migration:
         of a priority queue) the router's default priority, and one a router decided in dry
         run (which leaves the priority as Celery sets it) the priority it decided."""
         headers = properties.get("application_headers") or {}
-        if properties.get("priority") or (H.REASON in headers and not headers.get(H.DRY_RUN)):
+        dry_run = headers.get(H.DRY_RUN)
+        if properties.get("priority") or (H.REASON in headers and not dry_run):
             return False
-        decided = headers.get(H.PRIORITY) if headers.get(H.DRY_RUN) else None
-        if type(decided) is int and MOST_URGENT <= decided <= LEAST_URGENT:
+        decided = headers.get(H.PRIORITY) if dry_run else None
+        if is_priority(decided):
             properties["priority"] = to_wire(decided, Transport.AMQP)
         else:
             properties["priority"] = self.spec.unpriced
