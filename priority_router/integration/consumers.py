@@ -52,7 +52,8 @@ class Consumer:
     queue: str
     #: The queue as the worker declared it (``active_queues``).
     declared: dict[str, Any]
-    #: The worker's settings that differ from Celery's defaults (``conf``); None when not asked.
+    #: The worker's settings that differ from Celery's defaults (``conf``); None when not
+    #: asked, or not answered in time.
     conf: dict[str, Any] | None
 
 
@@ -99,12 +100,7 @@ def blind_workers(
 def blindness(found: Iterable[Consumer], transport: Transport) -> list[BlindWorker]:
     """The consumers of ``found`` that cannot see every priority (on Redis, of those whose
     settings are known)."""
-    return [
-        blind
-        for c in found
-        if (c.conf is not None or transport is not Transport.REDIS)
-        and (blind := _blindness(c.worker, c.queue, c.declared, c.conf or {}, transport)) is not None
-    ]
+    return [blind for c in found if (blind := _blindness(c, transport)) is not None]
 
 
 #: What to do about a worker that takes documents ahead of their turn.
@@ -138,11 +134,12 @@ def taking_ahead(found: Iterable[Consumer]) -> list[str]:
     return list(said.values())
 
 
-def _blindness(
-    worker: str, name: str, queue: dict[str, Any], conf: dict[str, Any], transport: Transport
-) -> BlindWorker | None:
+def _blindness(consumer: Consumer, transport: Transport) -> BlindWorker | None:
+    worker, name = consumer.worker, consumer.queue
     if transport is Transport.REDIS:
-        options = conf.get("broker_transport_options") or {}
+        if consumer.conf is None:
+            return None  # what it polls is unknown
+        options = consumer.conf.get("broker_transport_options") or {}
         steps = options.get("priority_steps", KOMBU_PRIORITY_STEPS) if isinstance(options, dict) else []
         polled = {int(s) for s in steps if isinstance(s, int | float)}
         unseen = tuple(p for p in range(MOST_URGENT, LEAST_URGENT + 1) if to_wire(p, transport) not in polled)
@@ -157,7 +154,7 @@ def _blindness(
             "taken from it",
         )
     if transport is Transport.AMQP:
-        args = queue.get("queue_arguments") or {}
+        args = consumer.declared.get("queue_arguments") or {}
         if args.get("x-queue-type") == "quorum" or args.get("x-max-priority"):
             return None
         return BlindWorker(
