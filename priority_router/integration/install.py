@@ -301,7 +301,8 @@ def _unroutable(app: Celery, receiver: PublishReceiver, exc: ConfigurationError)
     message = str(exc)
     if receiver.refuse(message):
         logger.error(
-            "priority-router cannot route the publishes of %r, so they go out as plain Celery sends them: %s",
+            "priority-router cannot route the publishes of %r (they go out as plain Celery sends them, and a "
+            "worker of this app refuses to start): %s",
             app,
             message,
         )

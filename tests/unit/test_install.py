@@ -172,7 +172,9 @@ def test_unsupported_broker_configured_after_install_is_said_once(caplog: pytest
         app.amqp._create_task_sender()
     errors = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1
-    assert "cannot route" in errors[0].getMessage() and "Fix:" in errors[0].getMessage()
+    message = errors[0].getMessage()
+    assert "cannot route" in message and "Fix:" in message
+    assert "refuses to start" in message, "a worker loading the same app is refused: said, not hidden"
 
 
 def test_install_before_configuration_follows_the_final_configuration() -> None:
