@@ -329,8 +329,10 @@ def celery_key(conf: Mapping[str, Any], name: str) -> str:
 
 def unknown_celery_settings(conf: Mapping[str, Any]) -> dict[str, str | None]:
     """``priority_router_*`` keys in a Celery configuration that name no setting (typos),
-    each with the closest setting's name written as the key is (Django's ``CELERY_``
-    namespace, upper case: ``CELERY_PRIORITY_ROUTER_REDIS_URL``), or None."""
+    each with the closest setting's name as the configuration reads it (in Django's
+    ``CELERY`` namespace ``CELERY_PRIORITY_ROUTER_REDIS_URL``), or None; and keys that name
+    a setting as Celery does not read it (``PRIORITY_ROUTER_MODE`` in a configuration
+    module, the environment variable's name), each as it reads it."""
     known = [f.name for f in fields(RouterConfig)]
     unknown: dict[str, str | None] = {}
     for key in sorted(map(str, conf)):
@@ -340,7 +342,9 @@ def unknown_celery_settings(conf: Mapping[str, Any]) -> dict[str, str | None]:
         name = key[at + len(CELERY_PREFIX) :].lower()
         if name not in known:
             close = difflib.get_close_matches(name, known, n=1)
-            unknown[key] = written_as(key, close[0]) if close else None
+            unknown[key] = celery_form(conf, close[0]) if close else None
+        elif conf.get(key) is not None and conf.get(celery_name(name)) is None:
+            unknown[key] = celery_form(conf, name)
     return unknown
 
 
@@ -367,12 +371,11 @@ def with_closest(unknown: Mapping[str, str | None]) -> str:
     return ", ".join(k if near is None else f"{k} (did you mean {near}?)" for k, near in unknown.items())
 
 
-def written_as(key: str, name: str) -> str:
-    """Setting ``name`` as the Celery key ``key`` is written: with its namespace, and upper
-    case when the key is (``CELERY_PRIORITY_ROUTER_MODE``, ``priority_router_mode``)."""
-    at = key.lower().find(CELERY_PREFIX)
-    head, setting = key[: max(at, 0)], celery_name(name)
-    return head + (setting.upper() if key[at:].isupper() else setting)
+def celery_form(conf: Mapping[str, Any], name: str) -> str:
+    """Setting ``name`` as a Celery configuration reads it: ``priority_router_mode``, or in
+    a namespace (Django's ``CELERY``) ``CELERY_PRIORITY_ROUTER_MODE``."""
+    prefix = getattr(conf, "prefix", None)
+    return f"{prefix}{celery_name(name).upper()}" if prefix else celery_name(name)
 
 
 def _parse(f: Field[Any], raw: str, where: str) -> Any:

@@ -43,12 +43,12 @@ from celery.signals import (
 
 from .. import headers as H
 from ..config import (
+    celery_form,
     celery_key,
     celery_values,
     unknown_celery_settings,
     unknown_env_settings,
     with_closest,
-    written_as,
 )
 from ..errors import ConfigurationError
 from ..redact import redact_url
@@ -62,7 +62,7 @@ from .gate import start_gate, watch_gate
 from .installation import ATTRIBUTE, Installation, installation_of
 from .old_kombu import FIX, shortfalls, watch_old_kombu
 from .pools import pool_of_options, pool_of_worker
-from .publish import PublishReceiver
+from .publish import PublishReceiver, mistyped_tasks
 from .publisher_pause import PublishPause
 from .rabbitmq import QUORUM_PRIORITIES, check_worker_queues, quorum_queue_names, quorum_queues_are
 from .sender import publishing_app, unwrap_sender, wrap_sender
@@ -199,10 +199,10 @@ def _settle(app: Celery, installation: Installation, publisher: bool = False) ->
     typos = unknown_celery_settings(app.conf)
     if typos and first_time(warned, "typos"):
         logger.warning(
-            "priority-router ignores %s: no such setting. Fix: rename it to a setting of the "
+            "priority-router ignores %s: not a setting it reads. Fix: rename it to a setting of the "
             "configuration reference (docs/configuration.md), written %s",
             with_closest(typos),
-            written_as(next(iter(typos)), "<name>"),
+            celery_form(app.conf, "<name>"),
         )
     misspelt = unknown_env_settings()
     if misspelt and first_time(warned, "env typos"):
@@ -382,6 +382,15 @@ def _say_started(app: Celery, installation: Installation, transport: Transport) 
         conf.task_acks_late,
         shown,
     )
+    registered = sorted(name for name in app.tasks if not name.startswith("celery."))
+    for pattern, name in mistyped_tasks(config.tasks, registered).items():
+        logger.warning(
+            "priority-router counts no document of task %s: the tasks setting's %r matches no task of "
+            "this worker. Fix: correct the pattern (task names or globs, docs/configuration.md); an "
+            "uncounted document keeps the priority plain Celery gives it",
+            name,
+            pattern,
+        )
     lacking = shortfalls(transport, installation.pool)
     if lacking:
         logger.warning(

@@ -20,6 +20,7 @@ properties stay as Celery set them, and a ``priority_router_dry_run`` header say
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 import logging
 import math
@@ -49,6 +50,19 @@ logger = logging.getLogger("priority_router")
 
 #: Longest client id copied into the message headers.
 MAX_HEADER_ID = 1024
+
+
+def mistyped_tasks(patterns: tuple[str, ...] | None, registered: list[str]) -> dict[str, str]:
+    """The ``tasks`` patterns that match none of ``registered`` but are close to one of
+    them, each with that name: a typo, which silently leaves the task uncounted.  A pattern
+    near no registered task may name tasks sent by name (``send_task``), so it is let be."""
+    mistyped = {}
+    for pattern in patterns or ():
+        if not any(fnmatch.fnmatchcase(name, pattern) for name in registered):
+            close = difflib.get_close_matches(pattern, registered, n=1, cutoff=0.75)
+            if close:
+                mistyped[pattern] = close[0]
+    return mistyped
 
 
 #: ``decide(client_id, task_id, cost)`` (:meth:`PriorityRouter.decide`): count one document

@@ -9,6 +9,7 @@ is listed, and a setting it would set is not counted as a failure either.
 
 from __future__ import annotations
 
+import fnmatch
 import functools
 import re
 import shlex
@@ -34,6 +35,7 @@ from ..integration.install import STOPGAP, applied_settings, settings_error, set
 from ..integration.old_kombu import FIX as KOMBU_FIX
 from ..integration.old_kombu import shortfalls
 from ..integration.pools import WorkerPool, pool_named, pool_of_stats
+from ..integration.publish import mistyped_tasks
 from ..integration.rabbitmq import (
     QUORUM_DETECTION_FIX,
     QUORUM_WITHOUT_DETECTION,
@@ -47,6 +49,7 @@ from ..integration.rabbitmq import (
     uses_quorum_queues,
     verify_priority_queues,
 )
+from ..integration.starvation import AMQP_FIX
 from ..limits import Limits
 from ..redact import redact_url
 from ..router import PriorityRouter, engine_of, installed_router
@@ -150,6 +153,14 @@ def _check_router(app: Celery, transport: Transport) -> Iterator[Finding]:
             "priority_router_dry_run=False) in the publishers' and the workers' apps",
         )
         yield Finding("dry run", True, "switched on, " + describe(wanted_changes(app, transport)))
+    elif transport is Transport.AMQP and router.config.max_wait is not None:
+        yield Finding(
+            "router",
+            False,
+            f"installed with max_wait={router.config.max_wait:g} s, which RabbitMQ cannot serve "
+            "(docs/max-wait.md): this app's workers refuse to start, while its publishers route",
+            AMQP_FIX,
+        )
     else:
         yield Finding("router", True, f"installed: {router!r}")
 
@@ -162,7 +173,7 @@ def _check_setting_names(app: Celery, transport: Transport) -> Iterator[Finding]
     yield Finding(
         "setting names",
         False,
-        "ignored, no such setting: " + with_closest(misspelt),
+        "ignored, not a setting the router reads: " + with_closest(misspelt),
         "rename each to a setting of the configuration reference (docs/configuration.md)",
     )
 
@@ -605,6 +616,28 @@ def _check_consumers(
         )
 
 
+def _check_tasks(app: Celery, transport: Transport) -> Iterator[Finding]:
+    router = installed_router(app)
+    patterns = None if router is None else router.config.tasks
+    if patterns is None:
+        return
+    registered = sorted(name for name in app.tasks if not name.startswith("celery."))
+    mistyped = mistyped_tasks(patterns, registered)
+    if mistyped:
+        missed = (f"{name} ({pattern!r} matches no task of this app)" for pattern, name in mistyped.items())
+        yield Finding(
+            "tasks",
+            False,
+            "the tasks setting counts no document of " + ", ".join(missed),
+            "correct those patterns (task names or globs, docs/configuration.md): an uncounted "
+            "document keeps the priority plain Celery gives it",
+        )
+    else:
+        counted = [name for name in registered if any(fnmatch.fnmatchcase(name, p) for p in patterns)]
+        shown = ", ".join(counted) or "tasks sent by name"
+        yield Finding("tasks", True, f"counts {shown} ({', '.join(patterns)})")
+
+
 def _check_default_priority(app: Celery, transport: Transport) -> Iterator[Finding]:
     default = app.conf.task_default_priority
     if default is None:
@@ -785,6 +818,7 @@ def _pool_slots(stats: Mapping[str, Any], pool: WorkerPool | None) -> tuple[int 
 _CHECKS: dict[str, Check] = {
     "router": _check_router,
     "setting names": _check_setting_names,
+    "tasks": _check_tasks,
     "kombu": _check_kombu,
     "prefetch": _check_prefetch,
     "acks_late": _check_acks,

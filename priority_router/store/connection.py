@@ -54,7 +54,7 @@ def make_client(url: str, connect_timeout: float, socket_timeout: float) -> redi
     if scheme not in SENTINEL_SCHEMES:
         return redis.Redis.from_url(url, **options)
     hosts, service, db, username, password, tls = sentinel_parts(url)
-    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+    sentinel = Sentinel(  # type: ignore[no-untyped-call, unused-ignore]  # typed from redis-py 8.2
         hosts,
         # Without retry=None redis-py retries each Sentinel with backoff: one that accepts
         # and never answers held a publish about 5 s.
@@ -65,7 +65,7 @@ def make_client(url: str, connect_timeout: float, socket_timeout: float) -> redi
         },
         **options,
     )
-    master: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
+    master: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call, unused-ignore]
         service,
         connection_pool_class=FollowingPool,
         db=db,

@@ -103,8 +103,15 @@ def app_module(
     monkeypatch.syspath_prepend(str(tmp_path))
     loaded: list[str] = []
 
-    def make(broker: str, queue: str, settings: dict[str, Any] | None = None, install: bool = True) -> str:
+    def make(
+        broker: str, queue: str, settings: dict[str, Any] | None = None, install: bool = True, tasks: str = ""
+    ) -> str:
+        """``tasks``: names of tasks the app registers, comma-separated."""
         name = f"cli_app_{uuid.uuid4().hex[:8]}"
+        registered = "".join(
+            f"\n\n@app.task(name={task!r})\ndef task_{n}() -> None: ...\n"
+            for n, task in enumerate(t for t in tasks.split(",") if t)
+        )
         (tmp_path / f"{name}.py").write_text(
             textwrap.dedent(
                 f"""
@@ -121,6 +128,7 @@ def app_module(
                     ).install(app)
                 """
             )
+            + registered
         )
         loaded.append(name)
         return name

@@ -383,3 +383,39 @@ def test_doctor_never_suggests_the_global_priority_setting_beside_quorum_queues(
     # The default queue, created by name, is one the router declares with x-max-priority
     # (as a publish would): doctor used to report it bare before any publish.
     assert [f["ok"] for f in findings if f["check"] == "x-max-priority"] == [True], findings
+
+
+def test_doctor_names_settings_the_router_is_given_but_cannot_act_on(
+    app_module: AppFactory, amqp_url: str, redis_server_url: str, tmp_path: Path
+) -> None:
+    """Found in a field trial, each said nowhere: the environment variable's name in a
+    configuration module (Celery reads lower case), a tasks pattern one letter off the task,
+    and max_wait on RabbitMQ (the workers refuse to start; doctor said no problems)."""
+    queue = f"q-{uuid.uuid4().hex[:8]}"
+    name = app_module(
+        broker_db_url(redis_server_url),
+        queue,
+        {"PRIORITY_ROUTER_MODE": "inflight", "priority_router_tasks": "ingest.proces_document"},
+        tasks="ingest.process_document",
+    )
+    code, findings = invoke("doctor", "-A", name)
+    assert code == 1
+    by_check = {f["check"]: f for f in findings if not f["ok"]}
+    assert set(by_check) == {"setting names", "tasks"}, findings
+    assert "PRIORITY_ROUTER_MODE (did you mean priority_router_mode?)" in by_check["setting names"]["detail"]
+    assert "ingest.process_document ('ingest.proces_document' matches no task" in by_check["tasks"]["detail"]
+    with running_worker({"PYTHONPATH": str(tmp_path)}, "--pool", "solo", app=name) as worker:
+        deadline = time.monotonic() + 30
+        while "counts no document of task" not in worker.output() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        log = worker.output()
+    assert (
+        "counts no document of task ingest.process_document: the tasks setting's 'ingest.proces_document'"
+        in log
+    )
+
+    code, findings = invoke("doctor", "-A", app_module(amqp_url, queue, {"priority_router_max_wait": 60}))
+    assert code == 1
+    (router,) = [f for f in findings if f["check"] == "router"]
+    assert not router["ok"] and "workers refuse to start" in router["detail"]
+    assert "use a Redis broker" in router["fix"]

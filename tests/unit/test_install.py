@@ -298,7 +298,7 @@ def test_the_apps_celery_settings_configure_the_router(caplog: pytest.LogCapture
     assert r.config.key_prefix == "dj:" and r.config.reset_interval == 900
     assert r.config.default_priority == 3, "a setting given to the constructor wins"
     assert engine_of(r).counter.reset_interval_ms == 900_000
-    assert "CELERY_PRIORITY_ROUTER_RESET_INTERVALL" in caplog.text and "no such setting" in caplog.text
+    assert "CELERY_PRIORITY_ROUTER_RESET_INTERVALL" in caplog.text and "not a setting it reads" in caplog.text
     assert "(did you mean CELERY_PRIORITY_ROUTER_RESET_INTERVAL?)" in caplog.text
     assert "written CELERY_PRIORITY_ROUTER_<NAME>" in caplog.text
 
@@ -308,20 +308,24 @@ def test_the_apps_celery_settings_configure_the_router(caplog: pytest.LogCapture
     [
         ("CELERY_PRIORITY_ROUTER_REDISURL", "CELERY_PRIORITY_ROUTER_REDIS_URL"),
         ("priority_router_key_prefx", "priority_router_key_prefix"),
-        ("PRIORITY_ROUTER_MODES", "PRIORITY_ROUTER_MODE"),
+        ("PRIORITY_ROUTER_MODES", "priority_router_mode"),
+        # The environment variable's name in a configuration module: Celery reads lower case.
+        ("PRIORITY_ROUTER_MODE", "priority_router_mode"),
+        ("priority_router_MODE", "priority_router_mode"),
     ],
 )
 def test_a_mistyped_setting_is_named_with_the_closest_one_as_the_user_writes_it(
     caplog: pytest.LogCaptureFixture, key: str, suggested: str
 ) -> None:
-    """Django's CELERY_ namespace and upper case stay in the name suggested."""
+    """The name suggested is the one Celery reads: upper case in Django's CELERY_ namespace,
+    lower case otherwise."""
     settings = type("Settings", (), {"CELERY_BROKER_URL": "redis://127.0.0.1:1/0", key: "x"})
     app = Celery("proj", set_as_current=False)
     router().install(app)
     with caplog.at_level(logging.WARNING, "priority_router"):
         app.config_from_object(settings, namespace="CELERY" if key.startswith("CELERY_") else None)
         app.conf.get("broker_url")  # loads the configuration
-    assert f"ignores {key} (did you mean {suggested}?): no such setting" in caplog.text
+    assert f"ignores {key} (did you mean {suggested}?): not a setting it reads" in caplog.text
 
 
 def test_a_bad_celery_setting_names_itself() -> None:
