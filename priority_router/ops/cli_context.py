@@ -216,7 +216,9 @@ def router_for(ctx: click.Context, app_name: str | None = None) -> PriorityRoute
             except ConfigurationError as exc:
                 fail(str(exc), 2)
             given = ", ".join(f"--{k.replace('_', '-')} {redact_url(str(v))}" for k, v in typed.items())
-            click.echo(f"priority-router: {given} given: used instead of {app_name!r}'s setting", err=True)
+            click.echo(
+                f"priority-router: {given} given: used instead of the setting of app {app_name!r}", err=True
+            )
         return operator_router(config)
     try:
         context = ctx.find_object(Context)

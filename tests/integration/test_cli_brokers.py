@@ -186,7 +186,10 @@ def test_store_options_typed_with_dash_a_win_over_the_apps_and_say_so(
     assert result.exit_code == 0, result.output
     row = json.loads(result.stdout)
     assert (row["tracked"], row["in_flight"]) == (True, 1)
-    assert f"--mode inflight, --key-prefix {other} given: used instead of {name!r}'s setting" in result.stderr
+    assert (
+        f"--mode inflight, --key-prefix {other} given: used instead of the setting of app {name!r}"
+        in result.stderr
+    )
     # Without them, the app's own store, and nothing said.
     plain = CliRunner().invoke(main, ["-A", name, "inspect", "acme", "--json"])
     assert json.loads(plain.stdout)["tracked"] is False
