@@ -64,7 +64,13 @@ from .old_kombu import FIX, shortfalls, watch_old_kombu
 from .pools import pool_of_options, pool_of_worker
 from .publish import PublishReceiver, mistyped_tasks
 from .publisher_pause import PublishPause
-from .rabbitmq import QUORUM_PRIORITIES, check_worker_queues, quorum_queue_names, quorum_queues_are
+from .rabbitmq import (
+    QUORUM_PRIORITIES,
+    check_worker_queues,
+    demote_to_fifo,
+    quorum_queue_names,
+    quorum_queues_are,
+)
 from .sender import publishing_app, unwrap_sender, wrap_sender
 from .solo_loop import watch_solo_loop
 from .starvation import AMQP_FIX, AMQP_REFUSAL, start_sweeper
@@ -121,7 +127,7 @@ def install(router: object, engine: Engine, app: Celery) -> PublishReceiver:
         _apps.add(app)
         _connect_signals()
         app.on_after_configure.connect(_on_configure, weak=False, dispatch_uid=_UID)
-        wrap_sender(app, settle, _demotes_to_fifo, end_unsent)
+        wrap_sender(app, settle, _redeclares, end_unsent)
         if metrics is not None:
             watch_queue_wait(app, metrics, engine.config.metrics_port)
         if app.configured:
@@ -290,11 +296,11 @@ def _report_dry_run(app: Celery, changes: list[Change], warned: set[str]) -> Non
         )
 
 
-def _demotes_to_fifo(app: Celery) -> bool:
-    """Whether a publish RabbitMQ refused for want of x-max-priority is sent again
-    without it (a router in dry run leaves the refusal to plain Celery)."""
+def _redeclares(app: Celery, queue: str) -> bool:
+    """Whether a publish RabbitMQ refused over ``queue``'s ``x-max-priority`` is sent again,
+    the queue declared as it exists (a router in dry run only follows a priority queue)."""
     installation = installation_of(app)
-    return installation is not None and not installation.engine.config.dry_run
+    return installation is not None and demote_to_fifo(app, queue, installation.engine.config.dry_run)
 
 
 def _unroutable(app: Celery, receiver: PublishReceiver, exc: ConfigurationError) -> None:

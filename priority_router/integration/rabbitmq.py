@@ -203,7 +203,7 @@ def fifo_queue_in(exc: BaseException) -> str | None:
     return match.group("queue") if match else None
 
 
-def demote_to_fifo(app: Celery, queue_name: str) -> bool:
+def demote_to_fifo(app: Celery, queue_name: str, dry_run: bool = False) -> bool:
     """Declare ``queue_name`` as it exists (no ``x-max-priority``) from now on, so
     publishing to it keeps working; say once, loudly, that it serves FIFO.  False when
     no declaration of this app's can publish to it: the app declares a quorum queue where
@@ -211,9 +211,15 @@ def demote_to_fifo(app: Celery, queue_name: str) -> bool:
 
     A queue this app already declares without ``x-max-priority`` is refused for the other
     reason: it has become a priority queue since (``priority-router migrate --to
-    router``), so the app declares it with ``x-max-priority`` again."""
+    router``, or a router switched on before this one's dry run), so the app declares it
+    with ``x-max-priority`` again.  That is all a router in ``dry_run`` does here: any other
+    refusal fails as in plain Celery."""
     queue = app.amqp.queues.get(queue_name)
+    if dry_run and (queue is None or "x-max-priority" in (queue.queue_arguments or {}) or queue.max_priority):
+        return False
     if queue is not None and is_quorum(queue):
+        if dry_run:
+            return False
         if (id(app), queue_name) not in _demoted:
             _demoted.add((id(app), queue_name))
             detail = "PRECONDITION_FAILED on publish: a classic priority queue, declared here as quorum"
@@ -227,6 +233,16 @@ def demote_to_fifo(app: Celery, queue_name: str) -> bool:
         if "x-max-priority" not in args and queue.max_priority is None:
             queue.queue_arguments = {**args, "x-max-priority": AMQP_MAX_PRIORITY}
             _demoted.discard((id(app), queue_name))
+            if dry_run:
+                logger.warning(
+                    "priority-router dry run: queue %r is a priority queue on RabbitMQ (a router "
+                    "switched on made it one), which plain Celery's declaration cannot publish to, so "
+                    "this app declares it with x-max-priority=%d from now on; its dry-run documents "
+                    "carry plain Celery's priority",
+                    queue_name,
+                    AMQP_MAX_PRIORITY,
+                )
+                return True
             logger.info(
                 "priority-router: queue %r is a priority queue again; its documents are served by "
                 "priority from now on",

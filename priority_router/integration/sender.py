@@ -6,10 +6,10 @@ Why it exists:
   The wrapper records the app in a context variable, so a router installed on one app
   leaves every other app in the process alone.
 - RabbitMQ refuses to publish to a queue that exists without ``x-max-priority`` when
-  the app declares it with one (``PRECONDITION_FAILED``).  The wrapper then declares
-  the queue as it exists and sends the document once more (see ``rabbitmq``), unless
-  ``demotes(app)`` says no (a router in dry run), when the refusal reaches the caller
-  as in plain Celery.
+  the app declares it with one, and the other way round (``PRECONDITION_FAILED``).
+  ``redeclares(app, queue)`` then declares the queue as it exists, if it can, and the
+  wrapper sends the document once more (see ``rabbitmq.demote_to_fifo``); otherwise the
+  refusal reaches the caller as in plain Celery.
 - A send that raises (a broker refusing the connection or the queue) counted its document
   all the same, in ``before_task_publish``; ``unsent(app, message)`` is called before the
   error reaches the caller, so that no worker's end is waited for (``endings.py``).
@@ -31,7 +31,7 @@ from typing import Any
 from celery import Celery
 
 from .celery_internals import SENDER, SENDER_BUILDER, sender_builder
-from .rabbitmq import demote_to_fifo, fifo_queue_in
+from .rabbitmq import fifo_queue_in
 
 publishing_app: ContextVar[Celery | None] = ContextVar("priority_router_app", default=None)
 #: Set while a message already stamped is sent again (it must not be counted twice).
@@ -45,7 +45,7 @@ _WRAPPED = "_priority_router_wrapped"
 def wrap_sender(
     app: Celery,
     on_build: Callable[[Celery], object],
-    demotes: Callable[[Celery], bool],
+    redeclares: Callable[[Celery, str], bool],
     unsent: Callable[[Celery, Any], object],
 ) -> None:
     """Wrap ``app``'s task sender (idempotent); ``on_build(app)`` runs when Celery
@@ -56,13 +56,13 @@ def wrap_sender(
     built = amqp.__dict__.get(SENDER)
     if built is not None:
         on_build(app)
-        amqp.__dict__[SENDER] = _wrap(app, built, demotes, unsent)
+        amqp.__dict__[SENDER] = _wrap(app, built, redeclares, unsent)
     else:
         build = sender_builder(amqp)
 
         def create_task_sender() -> Callable[..., Any]:
             on_build(app)
-            return _wrap(app, build(), demotes, unsent)
+            return _wrap(app, build(), redeclares, unsent)
 
         amqp.__dict__[SENDER_BUILDER] = create_task_sender
     amqp.__dict__[_WRAPPED] = True
@@ -83,7 +83,7 @@ def unwrap_sender(app: Celery) -> None:
 def _wrap(
     app: Celery,
     send: Callable[..., Any],
-    demotes: Callable[[Celery], bool],
+    redeclares: Callable[[Celery, str], bool],
     unsent: Callable[[Celery, Any], object],
 ) -> Callable[..., Any]:
     def send_or_demote(*args: Any, **kwargs: Any) -> Any:
@@ -91,7 +91,7 @@ def _wrap(
             return send(*args, **kwargs)
         except Exception as exc:
             queue = fifo_queue_in(exc)
-            if queue is None or not demotes(app) or not demote_to_fifo(app, queue):
+            if queue is None or not redeclares(app, queue):
                 raise
             producer = args[0] if args else kwargs["producer"]
             producer.revive(producer.connection.channel())

@@ -184,3 +184,33 @@ def test_an_app_declaring_quorum_where_a_priority_queue_exists_is_told_so_not_th
         with Connection(amqp_url) as conn:
             conn.default_channel.queue_delete(name)
         close_app(app)
+
+
+def test_a_dry_run_after_the_router_was_switched_on_keeps_publishing(
+    amqp_url: str, redis_server_url: str, key_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found in a field trial: dry run switched on after the router had made the queue a
+    priority queue, and every publish failed with PRECONDITION_FAILED (plain Celery's
+    declaration has no x-max-priority).  The dry run now declares the queue as it exists."""
+    name = f"was-routed-{uuid.uuid4().hex[:8]}"
+    with Connection(amqp_url) as conn:
+        Queue(name, channel=conn.default_channel, queue_arguments={"x-max-priority": 10}).declare()
+    env = {
+        **_env(amqp_url, redis_server_url, name),
+        "PRIORITY_ROUTER_KEY_PREFIX": key_prefix,
+        "PRIORITY_ROUTER_DRY_RUN": "true",
+    }
+    app: Celery = create_app(env)
+    try:
+        with caplog.at_level(logging.WARNING, "priority_router"):
+            for n in range(3):
+                app.send_task("workers.hold_document", ("acme", f"d{n}", 0), headers={"client_id": "acme"})
+        said = [r.getMessage() for r in caplog.records if "is a priority queue on RabbitMQ" in r.getMessage()]
+        assert len(said) == 1 and name in said[0], caplog.text
+        messages = drain(app, name, 3)
+        assert [m.headers[H.DRY_RUN] for m in messages] == [True] * 3
+        assert {m.properties.get("priority") for m in messages} <= {None, 0}, "plain Celery's priority"
+    finally:
+        with Connection(amqp_url) as conn:
+            conn.default_channel.queue_delete(name)
+        close_app(app)

@@ -18,7 +18,7 @@ from test_receiver import _RunningTask, publish
 from priority_router import ConfigurationError, PriorityRouter, RouterConfig
 from priority_router import headers as H
 from priority_router.integration.consumers import ConsumerWatch
-from priority_router.integration.install import _demotes_to_fifo
+from priority_router.integration.rabbitmq import demote_to_fifo
 from priority_router.metrics import get_metrics
 
 REDIS_BROKER = "redis://127.0.0.1:1/0"
@@ -143,13 +143,23 @@ def test_switching_on_later_applies_the_settings() -> None:
     assert app.conf.broker_transport_options["priority_steps"] == list(range(10))
 
 
-def test_a_dry_run_sender_leaves_a_refused_publish_to_plain_celery() -> None:
+def test_a_dry_run_sender_follows_a_priority_queue_and_leaves_other_refusals_to_plain_celery() -> None:
     app = Celery("a", broker=AMQP_BROKER, set_as_current=False)
-    live = Celery("b", broker=AMQP_BROKER, set_as_current=False)
+    app.conf.task_queues = [
+        Queue("plain"),
+        Queue("declared", queue_arguments={"x-max-priority": 10}),
+        Queue("replicated", queue_arguments={"x-queue-type": "quorum"}),
+    ]
     dry_router().install(app)
-    PriorityRouter(redis_client=fakeredis.FakeRedis()).install(live)
-    assert not _demotes_to_fifo(app)
-    assert _demotes_to_fifo(live)
+    queues = app.amqp.queues
+    # Refused because it exists as a priority queue (a router switched on made it one): followed.
+    assert demote_to_fifo(app, "plain", dry_run=True)
+    assert queues["plain"].queue_arguments == {"x-max-priority": 10}
+    # Refused because it exists without x-max-priority, or as another type: plain Celery's error.
+    assert not demote_to_fifo(app, "declared", dry_run=True)
+    assert queues["declared"].queue_arguments == {"x-max-priority": 10}
+    assert not demote_to_fifo(app, "replicated", dry_run=True)
+    assert not demote_to_fifo(app, "undeclared", dry_run=True)
 
 
 def test_publishers_do_not_look_for_blind_workers() -> None:
