@@ -68,6 +68,7 @@ from .rabbitmq import (
     QUORUM_PRIORITIES,
     check_worker_queues,
     demote_to_fifo,
+    follow_priority_queues,
     quorum_queue_names,
     quorum_queues_are,
 )
@@ -339,7 +340,11 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
         return  # said, and acted on, at celeryd_after_setup
     installation.pool = pool_of_worker(sender)
     transport = _settle_worker(app, installation)
-    if transport is None or installation.engine.config.dry_run:
+    if transport is None:
+        return
+    if installation.engine.config.dry_run:
+        if transport is Transport.AMQP and not installation.logs_later:
+            follow_priority_queues(app)
         return
     # The worker read its settings before this point (workers started from code send no
     # celeryd_init); the consumer is built from this attribute later.
@@ -357,8 +362,11 @@ def _on_worker_setup(sender: Any = None, instance: Any = None, **_: Any) -> None
         return
     if installation.refusal is not None:
         _refuse(installation.refusal)
-    if not installation.engine.config.dry_run and installation.receiver.transport is Transport.AMQP:
-        check_worker_queues(app)
+    if installation.receiver.transport is Transport.AMQP:
+        if installation.engine.config.dry_run:
+            follow_priority_queues(app)
+        else:
+            check_worker_queues(app)
 
 
 def _say_started(app: Celery, installation: Installation, transport: Transport) -> None:

@@ -236,9 +236,9 @@ def demote_to_fifo(app: Celery, queue_name: str, dry_run: bool = False) -> bool:
             if dry_run:
                 logger.warning(
                     "priority-router dry run: queue %r is a priority queue on RabbitMQ (a router "
-                    "switched on made it one), which plain Celery's declaration cannot publish to, so "
-                    "this app declares it with x-max-priority=%d from now on; its dry-run documents "
-                    "carry plain Celery's priority",
+                    "switched on made it one) and refuses plain Celery's declaration, so this app "
+                    "declares it with x-max-priority=%d from now on; its dry-run documents carry "
+                    "plain Celery's priority",
                     queue_name,
                     AMQP_MAX_PRIORITY,
                 )
@@ -293,10 +293,7 @@ def verify_priority_queues(
                 other_type = other_type or is_quorum(queue) or "'x-queue-type'" in str(exc)
                 continue
             finally:
-                try:
-                    channel.close()
-                except Exception:
-                    logger.debug("closing a channel after a failed declare", exc_info=True)
+                _close(channel)
             checked.append(queue.name)
     if refused:
         raise QueueNotPriorityError(refused, detail, vhost, other_type)
@@ -308,6 +305,31 @@ def rabbitmq_version(app: Celery) -> tuple[int, ...] | None:
     with app.connection_for_write() as conn:
         conn.connect()
         return server_version(conn)
+
+
+def follow_priority_queues(app: Celery) -> None:
+    """At a worker's start in dry run: each queue it consumes that a router switched on
+    made a priority queue is declared as it exists (:func:`demote_to_fifo`), since RabbitMQ
+    refuses plain Celery's declaration of it and the worker would stop on that."""
+    from amqp.exceptions import PreconditionFailed
+
+    with app.connection_for_write() as conn:
+        for queue in list(app.amqp.queues.consume_from.values()):
+            channel = conn.channel()
+            try:
+                queue.bind(channel).declare()
+            except PreconditionFailed as exc:
+                if fifo_queue_in(exc) == queue.name:
+                    demote_to_fifo(app, queue.name, dry_run=True)
+            finally:
+                _close(channel)
+
+
+def _close(channel: Any) -> None:
+    try:
+        channel.close()
+    except Exception:
+        logger.debug("closing a channel after a failed declare", exc_info=True)
 
 
 def check_worker_queues(app: Celery) -> None:

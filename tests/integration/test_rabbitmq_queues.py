@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import subprocess
+import time
 import uuid
 from pathlib import Path
 
@@ -210,6 +211,16 @@ def test_a_dry_run_after_the_router_was_switched_on_keeps_publishing(
         messages = drain(app, name, 3)
         assert [m.headers[H.DRY_RUN] for m in messages] == [True] * 3
         assert {m.properties.get("priority") for m in messages} <= {None, 0}, "plain Celery's priority"
+        # A worker in dry run consumes it too; it stopped on the refused declaration before.
+        with Connection(amqp_url) as conn:
+            Queue(name, channel=conn.default_channel, queue_arguments={"x-max-priority": 10}).declare()
+        with running_worker(env, "--pool", "solo") as worker:
+            assert "is a priority queue on RabbitMQ" in worker.output()
+            app.send_task("workers.hold_document", ("acme", "late", 0), headers={"client_id": "acme"})
+            deadline = time.monotonic() + 30
+            while "succeeded" not in worker.output() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert "succeeded" in worker.output(), worker.output()
     finally:
         with Connection(amqp_url) as conn:
             conn.default_channel.queue_delete(name)
