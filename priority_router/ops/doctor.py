@@ -59,7 +59,7 @@ from ..store.gate import GateState
 from ..store.schema import SCHEMA, SchemaMismatch
 from ..thresholds import table_name
 from .queues import unpriced_waiting
-from .rabbitmq_queue import close_quietly, passive
+from .rabbitmq_queue import channel_of, passive
 from .saturation import describe as describe_saturation
 from .saturation import saturation
 
@@ -484,13 +484,11 @@ def _exists_as_priority_queue(app: Celery, queue: Any) -> bool:
     with app.connection_for_write() as conn:
         if passive(conn, queue.name) is None:
             return False
-        channel = conn.channel()
-        try:
-            queue.bind(channel).declare()  # it exists, so this creates nothing
-        except PreconditionFailed as exc:
-            return "x-max-priority" in str(exc)
-        finally:
-            close_quietly(channel)
+        with channel_of(conn) as channel:
+            try:
+                queue.bind(channel).declare()  # it exists, so this creates nothing
+            except PreconditionFailed as exc:
+                return "x-max-priority" in str(exc)
     return False
 
 

@@ -52,7 +52,8 @@ from .rabbitmq_queue import (
     MigrationBlocked,
     QueueSpec,
     State,
-    close_quietly,
+    accepts,
+    channel_of,
     lock,
     passive,
     queue_spec,
@@ -197,17 +198,14 @@ class Migration:
         if holding is not None:
             self.step("holding queue", f"{self.spec.holding!r} exists and holds {holding} message(s)")
             return
-        channel = self.conn.channel()
-        try:
-            levels = (self.spec.target.queue_arguments or {}).get("x-max-priority")
+        levels = (self.spec.target.queue_arguments or {}).get("x-max-priority")
+        with channel_of(self.conn) as channel:
             channel.queue_declare(
                 queue=self.spec.holding,
                 durable=True,
                 auto_delete=False,
                 arguments={"x-max-priority": levels} if levels else {},
             )
-        finally:
-            close_quietly(channel)
         kind = f"x-max-priority={levels}" if levels else "plain"
         self.step("declared holding queue", f"{self.spec.holding!r} (durable, {kind})")
 
@@ -276,16 +274,14 @@ class Migration:
 
         for attempt in range(1, SWAP_ATTEMPTS + 1):
             self.move_out("published while the publishers were told to hold")
-            channel = self.conn.channel()
-            try:
-                channel.queue_delete(queue=self.spec.name, if_unused=True, if_empty=True)
-            except PreconditionFailed as exc:
-                self.step("delete refused", f"{exc}; attempt {attempt} of {SWAP_ATTEMPTS}")
-                if self._consumers():
-                    self.stop_consumers()
-                continue
-            finally:
-                close_quietly(channel)
+            with channel_of(self.conn) as channel:
+                try:
+                    channel.queue_delete(queue=self.spec.name, if_unused=True, if_empty=True)
+                except PreconditionFailed as exc:
+                    self.step("delete refused", f"{exc}; attempt {attempt} of {SWAP_ATTEMPTS}")
+                    if self._consumers():
+                        self.stop_consumers()
+                    continue
             self.step("deleted", f"{self.spec.name!r} (it had no consumer and no message)")
             if self.declare():
                 return
@@ -296,18 +292,11 @@ class Migration:
         )
 
     def declare(self) -> bool:
-        from amqp.exceptions import PreconditionFailed
-
-        channel = self.conn.channel()
-        try:
-            self.spec.target.bind(channel).queue_declare()
-        except PreconditionFailed:
+        if not accepts(self.conn, self.spec.target):
             self.step(
                 "declared by another", f"{self.spec.name!r} was declared again as the old kind meanwhile"
             )
             return False
-        finally:
-            close_quietly(channel)
         args = self.spec.target.queue_arguments or {}
         shown = ", ".join(f"{k}={v}" for k, v in sorted(args.items())) or "no arguments"
         self.step(
@@ -317,16 +306,13 @@ class Migration:
         return True
 
     def bind(self) -> None:
-        channel = self.conn.channel()
         shown = []
-        try:
+        with channel_of(self.conn) as channel:
             bound = self.spec.target.bind(channel)
             for b in self.spec.bindings:
                 b.exchange(channel).declare()
                 bound.bind_to(b.exchange.name, b.routing_key, b.arguments)
                 shown.append(str(b))
-        finally:
-            close_quietly(channel)
         self.step(
             "bound",
             "; ".join(shown) + " (from the app's queue definition)"
@@ -349,11 +335,8 @@ class Migration:
         )
 
     def delete_holding(self) -> None:
-        channel = self.conn.channel()
-        try:
+        with channel_of(self.conn) as channel:
             channel.queue_delete(queue=self.spec.holding, if_empty=True)
-        finally:
-            close_quietly(channel)
         self.step("deleted holding queue", repr(self.spec.holding))
 
     # -- helpers ----------------------------------------------------------------------

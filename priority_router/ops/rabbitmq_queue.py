@@ -186,13 +186,11 @@ def read_state(conn: Any, spec: QueueSpec) -> State:
 def passive(conn: Any, name: str) -> tuple[int, int] | None:
     from amqp.exceptions import NotFound
 
-    channel = conn.channel()
-    try:
-        ok = channel.queue_declare(queue=name, passive=True)
-    except NotFound:
-        return None
-    finally:
-        close_quietly(channel)
+    with channel_of(conn) as channel:
+        try:
+            ok = channel.queue_declare(queue=name, passive=True)
+        except NotFound:
+            return None
     return int(ok.message_count), int(ok.consumer_count)
 
 
@@ -200,37 +198,41 @@ def accepts(conn: Any, queue: Any) -> bool:
     """Whether the existing queue takes ``queue``'s declaration (same arguments)."""
     from amqp.exceptions import PreconditionFailed
 
+    with channel_of(conn) as channel:
+        try:
+            queue.bind(channel).queue_declare()
+        except PreconditionFailed:
+            return False
+    return True
+
+
+@contextlib.contextmanager
+def channel_of(conn: Any) -> Iterator[Any]:
+    """A channel of its own on ``conn`` for one step: a refused declaration closes the channel
+    it was made on, so closing it again at the end may fail, and that is no error."""
     channel = conn.channel()
     try:
-        queue.bind(channel).queue_declare()
-        return True
-    except PreconditionFailed:
-        return False
+        yield channel
     finally:
-        close_quietly(channel)
-
-
-def close_quietly(channel: Any) -> None:
-    with contextlib.suppress(Exception):
-        channel.close()
+        with contextlib.suppress(Exception):
+            channel.close()
 
 
 @contextlib.contextmanager
 def lock(conn: Any, spec: QueueSpec) -> Iterator[None]:
     from amqp.exceptions import ResourceLocked
 
-    channel = conn.channel()
     name = spec.name + LOCK_SUFFIX
-    try:
-        channel.queue_declare(queue=name, exclusive=True, auto_delete=True)
-    except ResourceLocked:
-        raise MigrationBlocked(
-            f"another `priority-router migrate {spec.name}` is running (its connection holds the queue "
-            f"{name!r}); let it finish, or stop it and run this command again"
-        ) from None
-    try:
-        yield
-    finally:
-        with contextlib.suppress(Exception):
-            channel.queue_delete(queue=name)
-        close_quietly(channel)
+    with channel_of(conn) as channel:
+        try:
+            channel.queue_declare(queue=name, exclusive=True, auto_delete=True)
+        except ResourceLocked:
+            raise MigrationBlocked(
+                f"another `priority-router migrate {spec.name}` is running (its connection holds the "
+                f"queue {name!r}); let it finish, or stop it and run this command again"
+            ) from None
+        try:
+            yield
+        finally:
+            with contextlib.suppress(Exception):
+                channel.queue_delete(queue=name)
