@@ -12,6 +12,7 @@ The store options and ``-A app`` work as for ``status``; ``cli.py`` adds the gro
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -21,7 +22,7 @@ from rich.table import Table
 from ..errors import ConfigurationError, CounterUnavailable
 from ..limits import Limits
 from ..redact import redact_url
-from ..router import PriorityRouter, engine_of
+from ..router import engine_of
 from ..store.client_ids import normalize_client_id
 from ..store.connection import store_error
 from ..store.limit_store import LIMITS_REFRESH
@@ -111,13 +112,7 @@ def set_tier(
     (a cap not given again is lifted).
     """
     _target(client, default)
-    limited = (
-        max_in_flight is not None
-        or max_cost_in_flight is not None
-        or borrow
-        or rate is not None
-        or burst is not None
-    )
+    limited = borrow or any(v is not None for v in (max_in_flight, max_cost_in_flight, rate, burst))
     given = weight is not None or shift is not None or fixed is not None or limited
     if neutral and given:
         fail("--neutral stores a tier that changes nothing; give it alone, or drop it", 2)
@@ -147,10 +142,10 @@ def set_tier(
     }
     try:
         if client is None:
-            before = _default_text(router)
+            before = _tier_text(router.default_tier)
             router.set_default_tier(**settings)
         else:
-            before = _own_text(router, client)
+            before = _tier_text(lambda: router.tier(client))
             router.set_tier(client, **settings)
     except CounterUnavailable as exc:
         fail(str(exc))
@@ -202,7 +197,7 @@ def unset(ctx: click.Context, client: str | None, default: bool, app_name: str |
                 else "no default tier was set; nothing removed"
             )
         elif router.unset_tier(client):
-            now = _default_text(router)
+            now = _tier_text(router.default_tier)
             applies = "the threshold table applies" if now == "none" else f"the default tier applies ({now})"
             message = f"{_shown_id(client)}: tier removed; {applies}"
         else:
@@ -295,18 +290,11 @@ def _shown(row: dict[str, Any]) -> str:
     return f"invalid: {row['error']}" if row["error"] is not None else str(row["tier"])
 
 
-def _own_text(router: PriorityRouter, client: str) -> str:
-    """The client's own tier for a message: ``weight=2``, ``none``, ``unreadable``."""
+def _tier_text(read: Callable[[], Tier | None]) -> str:
+    """A client's own or the default tier, as ``read()`` finds it, for a message: ``weight=2``,
+    ``none``, ``unreadable``."""
     try:
-        own = router.tier(client)
+        found = read()
     except ConfigurationError:  # stored in a form this version cannot read
-        return "unreadable"
-    return "none" if own is None else own.describe()
-
-
-def _default_text(router: PriorityRouter) -> str:
-    try:
-        found = router.default_tier()
-    except ConfigurationError:
         return "unreadable"
     return "none" if found is None else found.describe()
