@@ -38,22 +38,11 @@ router_app_option = click.option(
 
 
 class Context:
-    def __init__(
-        self,
-        redis_url: str | None,
-        key_prefix: str | None,
-        reset_interval: float | None,
-        mode: str | None = None,
-        app_name: str | None = None,
-    ) -> None:
+    def __init__(self, app_name: str | None, **overrides: Any) -> None:
         #: ``-A`` given before the subcommand, as ``celery -A app worker`` has it.
         self.app_name = app_name
-        self._overrides: dict[str, Any] = {
-            "redis_url": redis_url,
-            "key_prefix": key_prefix,
-            "reset_interval": reset_interval,
-            "mode": mode,
-        }
+        #: The store options given before the subcommand, or read from the environment.
+        self._overrides = overrides
         self._router: PriorityRouter | None = None
         #: Store options typed on the command line (not read from the environment): with
         #: ``-A``, these win over the app's own settings.
@@ -170,16 +159,9 @@ def store_options(command: Any) -> Any:
 )
 @click.version_option(package_name="priority-router")
 @click.pass_context
-def main(
-    ctx: click.Context,
-    redis_url: str | None,
-    key_prefix: str | None,
-    reset_interval: float | None,
-    mode: str | None,
-    app_name: str | None,
-) -> None:
+def main(ctx: click.Context, /, **params: Any) -> None:
     """Inspect and manage priority-router's per-client priorities."""
-    ctx.obj = Context(redis_url, key_prefix, reset_interval, mode, app_name)
+    ctx.obj = Context(**params)
     for name, value in ctx.params.items():
         typed = ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE
         if name != "app_name" and value is not None and typed:
