@@ -190,6 +190,7 @@ def inspect(ctx: click.Context, client: str, as_json: bool, app_name: str | None
     row["key"] = state.key
     try:
         row["tier"], applied = _tier_in_effect(router, state.client_id)
+        gate = _gate_row(router, state.client_id)
     except CounterUnavailable as exc:
         fail(str(exc))
     # What peek() gives: the priority at the current count with the tier; the table's beside it.
@@ -200,10 +201,6 @@ def inspect(ctx: click.Context, client: str, as_json: bool, app_name: str | None
     row["counted"] = state.counted
     # Added after the keys scripts already read, in the order they read them.
     row["thresholds"] = table_name(router.policy)
-    try:
-        gate = _gate_row(router, state.client_id)
-    except CounterUnavailable as exc:
-        fail(str(exc))
     if gate is not None:
         row["gate"] = gate
     if as_json:
