@@ -54,16 +54,11 @@ class MigrationReport:
         holding queue first, a step of its own with its count, not counted again here."""
         return sum(s.messages for s in self.steps if s.action != MOVED_OUT)
 
-    def step(self, action: str, detail: str, messages: int = 0) -> Step:
+    def step(self, action: str, detail: str, messages: int = 0) -> None:
         """Record a step and log it as it happens (a dry run logs what it would do)."""
-        done = Step(action, detail, messages)
-        self.steps.append(done)
-        logger.info("migrate %s: %s", self.queue, self.describe(done))
-        return done
-
-    def describe(self, step: Step) -> str:
-        would = self.dry_run and step.action != "nothing to move"
-        return f"{'would ' if would else ''}{step.action}: {step.detail}"
+        self.steps.append(Step(action, detail, messages))
+        would = "would " if self.dry_run and action != "nothing to move" else ""
+        logger.info("migrate %s: %s%s: %s", self.queue, would, action, detail)
 
     def as_dict(self) -> dict[str, Any]:
         return {
