@@ -158,7 +158,7 @@ def redis_for_demo(
 
 @contextmanager
 def running_workers(
-    env: dict[str, str], workload: Workload, tag: str = "", begun: Callable[[], bool] | None = None
+    env: dict[str, str], workload: Workload, tag: str, begun: Callable[[], bool] | None
 ) -> Iterator[list[int]]:
     """``workload.workers`` real ``celery -A priority_router.demo.worker worker`` processes,
     working: until ``begun()`` says so (a queued document is done), else until every one
@@ -168,7 +168,6 @@ def running_workers(
     They import the demo from the installed package, as this process does, and run in an
     empty directory of their own: nothing in the directory the demo was started from (a
     project's own ``workers`` or ``celery`` module, say) is imported in their place."""
-    tag = tag or uuid.uuid4().hex[:6]
     workdir = Path(tempfile.mkdtemp(prefix="pr-demo-"))
     logs: list[Path] = []
     procs: list[subprocess.Popen[bytes]] = []
@@ -456,18 +455,15 @@ def _chart(plain: RunResult, routed: RunResult, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
-    labels, data = [], []
-    for r in (plain, routed):
-        name = "plain" if r.mode == "plain" else "router"
-        for group in ("light", "heavy"):
-            labels.append(f"{group}\n{name}")
-            data.append([w * 1000 for w in r.waits[group]])
+    boxes = [(r, group) for r in (plain, routed) for group in ("light", "heavy")]
+    data = [[w * 1000 for w in r.waits[group]] for r, group in boxes]
+    labels = [f"{group}\n{r.mode}" for r, group in boxes]  # the modes: plain, router
     ax.boxplot(data, tick_labels=labels, whis=(5, 95), showfliers=False)
-    for x, (r, group) in enumerate(((r, g) for r in (plain, routed) for g in ("light", "heavy")), start=1):
+    for x, (r, group) in enumerate(boxes, start=1):
         p95 = r.p(group, 0.95) * 1000
         ax.annotate(f"p95 {p95:.0f} ms", (x, p95), xytext=(0, 4), textcoords="offset points", ha="center")
     ax.set_yscale("symlog", linthresh=10)
-    ax.set_ylim(bottom=0, top=max(r.p(g, 0.95) for r in (plain, routed) for g in ("light", "heavy")) * 3000)
+    ax.set_ylim(bottom=0, top=max(r.p(group, 0.95) for r, group in boxes) * 3000)
     ax.set_ylabel("wait before start (ms; linear to 10, then log)")
     ax.set_title(
         "One heavy client's burst: plain Celery vs priority-router\n"
