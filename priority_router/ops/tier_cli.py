@@ -134,12 +134,7 @@ def set_tier(
     except ConfigurationError as exc:
         fail(str(exc), 2)
     router = router_for(ctx, app_name)
-    settings: dict[str, Any] = {
-        "weight": chosen.weight,
-        "shift": chosen.shift,
-        "fixed": chosen.fixed,
-        **limits.as_dict(),
-    }
+    settings: dict[str, Any] = chosen.as_dict()  # set_tier's keywords
     try:
         if client is None:
             before = _tier_text(router.default_tier)
