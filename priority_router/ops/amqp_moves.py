@@ -44,9 +44,9 @@ def move(
     conn: Any,
     source: str,
     dest: str,
-    reprice: Callable[[dict[str, Any]], bool] | None = None,
-    after_batch: Callable[[int], None] | None = None,
-    in_batch: Callable[[int], None] | None = None,
+    reprice: Callable[[dict[str, Any]], bool] | None,
+    after_batch: Callable[[int], None],
+    in_batch: Callable[[int], None],
 ) -> Moved:
     """Move every message waiting in ``source`` into ``dest`` (messages published to
     ``source`` meanwhile too); returns how many moved.  ``conn`` is a kombu Connection;
@@ -70,8 +70,7 @@ def move(
             channel.tx_commit()
             moved += batch
             priced += batch_priced
-            if after_batch is not None:
-                after_batch(moved)
+            after_batch(moved)
     finally:
         channel.close()
     return Moved(moved, priced)
@@ -82,7 +81,7 @@ def _batch(
     source: str,
     dest: str,
     reprice: Callable[[dict[str, Any]], bool] | None,
-    in_batch: Callable[[int], None] | None,
+    in_batch: Callable[[int], None],
 ) -> tuple[int, int]:
     count = priced = 0
     while count < BATCH:
@@ -97,6 +96,5 @@ def _batch(
         )
         channel.basic_ack(message.delivery_tag)
         count += 1
-        if in_batch is not None:
-            in_batch(count)
+        in_batch(count)
     return count, priced
