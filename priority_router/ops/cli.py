@@ -136,10 +136,9 @@ def status(ctx: click.Context, as_json: bool, app_name: str | None, limit: int |
         )
     print_table(table)
     shown = f", {len(rows)} shown" if len(rows) < tracked else ""
-    table_text = table_name(router.policy)
     console.print(
         f"{tracked} client(s) tracked in the {router.config.mode} mode{shown}; threshold table: "
-        f"{escape(table_text)}"
+        f"{escape(table_name(router.policy))}"
     )
     if saturated is not None:
         problem, fix = describe_saturation(saturated, router.policy, router.config.mode)

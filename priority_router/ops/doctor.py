@@ -315,10 +315,8 @@ def _check_visibility(app: Celery, transport: Transport) -> Iterator[Finding]:
         return
     options = app.conf.broker_transport_options or {}
     timeout = float(options.get("visibility_timeout", DEFAULT_VISIBILITY_TIMEOUT))
-    limits = {"task_time_limit": app.conf.task_time_limit}
-    limits.update(
-        {name: task.time_limit for name, task in app.tasks.items() if not name.startswith("celery.")}
-    )
+    tasks = {name: task.time_limit for name, task in app.tasks.items() if not name.startswith("celery.")}
+    limits = {"task_time_limit": app.conf.task_time_limit, **tasks}
     known = {name: float(v) for name, v in limits.items() if v}
     if not known:
         yield Finding(
@@ -646,7 +644,6 @@ def _check_default_priority(app: Celery, transport: Transport) -> Iterator[Findi
         f"task_default_priority={default}: documents without a client id go out at {default}; "
         "counted documents get the router's priority instead; a per-call priority= equal to "
         f"{default} cannot be told from the default and is treated as it",
-        "",
     )
 
 

@@ -105,8 +105,7 @@ def unpriced_waiting(app: Celery, names: list[str]) -> dict[str, int]:
     by their ``priority_router_reason`` header."""
     found: dict[str, int] = {}
     with app.connection_for_read() as conn:
-        channel = conn.default_channel
-        client = channel.client
+        client = conn.default_channel.client
         for name in names:
             count = sum(1 for raw in client.lrange(name, -SAMPLE, -1) if not _priced(raw))
             if count:
