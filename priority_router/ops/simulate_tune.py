@@ -57,11 +57,7 @@ def run_tune(console: Console, case: Case, current: Policy, title: str, as_json:
     jobs = processors() if len(case.trace) >= PARALLEL_FROM else 1
     started = time.perf_counter()
     with console.status("tuning: the references") as status:
-
-        def progress(done: int, total: int) -> None:
-            status.update(f"tuning: {done}/{total} tables")
-
-        found = tune(case, current, jobs, progress)
+        found = tune(case, current, jobs, lambda done, total: status.update(f"tuning: {done}/{total} tables"))
     took = time.perf_counter() - started
     if as_json:
         click.echo(json.dumps(as_document(found), indent=2))
