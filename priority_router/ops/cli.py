@@ -113,7 +113,10 @@ def status(ctx: click.Context, as_json: bool, app_name: str | None, limit: int |
     if as_json:
         emit_json([{k: v for k, v in r.items() if k != "tracked"} for r in rows])
         return
-    table = Table(title=f"priority-router clients at {redact_url(router.config.redis_url)}")
+    config = router.config
+    table = Table(
+        title=f"priority-router clients at {redact_url(config.redis_url)}, key prefix {config.key_prefix!r}"
+    )
     inflight = engine_of(router).inflight is not None
     columns: tuple[str, ...] = ("client", "pending", "priority", "since update", "until reset")
     columns += ("in flight",) if inflight else ()

@@ -48,6 +48,8 @@ def test_status_lists_every_client_sorted_by_priority(
     assert table.exit_code == 0
     assert table.output.index("light") < table.output.index("medium") < table.output.index("bulk")
     assert "3 client(s) tracked" in table.output
+    # Apps that share a store under different prefixes: the title says whose clients these are.
+    assert f"key prefix {router.config.key_prefix!r}" in " ".join(table.output.split())
 
 
 def test_inspect_reads_without_counting(cli: Callable[..., Result], router: PriorityRouter) -> None:
