@@ -47,7 +47,7 @@ kill-matrix: $(STAMP)
 ## The Celery compatibility matrix (noxfile.py): the unit and contract tests and the
 ## integration tests marked compat, on the oldest supported Celery, kombu and redis-py, each
 ## Celery minor since and the newest (RabbitMQ too), each in its own virtualenv under .nox/;
-## prints the results table at the end (about 11 minutes).  NOX_ARGS="-s celery-5.6" runs
+## prints the results table at the end (about 22 minutes here beside other work).  NOX_ARGS="-s celery-5.6" runs
 ## one row; PYTEST_ARGS go to pytest.
 matrix: $(STAMP)
 	$(BIN)/nox $(NOX_ARGS) -- $(PYTEST_ARGS)
