@@ -69,6 +69,10 @@ def operator_router(config: RouterConfig) -> PriorityRouter:
 
 def fail(message: str, code: int = 1) -> NoReturn:
     click.echo(f"priority-router: {message}", err=True)
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None and ctx.params.get("as_json"):
+        # A script reading --json gets a document on a failure too, not an empty stdout.
+        emit_json({"error": message, "exit_code": code})
     sys.exit(code)
 
 

@@ -95,6 +95,15 @@ def test_passwords_never_reach_the_output() -> None:
     assert "***" in result.output
 
 
+def test_a_failing_command_given_json_prints_a_json_error() -> None:
+    """A script reading --json got an empty stdout on a failure (found with migrate)."""
+    result = CliRunner().invoke(main, ["--redis-url", "redis://:hunter2@127.0.0.1:1/0", "status", "--json"])
+    assert result.exit_code == 1
+    error = json.loads(result.stdout)
+    assert error["exit_code"] == 1 and "127.0.0.1:1" in error["error"] and "hunter2" not in result.stdout
+    assert error["error"] in result.stderr
+
+
 def test_bad_url_names_the_setting() -> None:
     result = CliRunner().invoke(main, ["--redis-url", "http://example", "status"])
     assert result.exit_code == 2
