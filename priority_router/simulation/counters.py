@@ -32,14 +32,27 @@ from __future__ import annotations
 from collections.abc import Hashable
 
 
-class SeedCount:
-    """What each client submitted in its busy spell (``mode="seed"``)."""
+class _Count:
+    """What both counts share: a client's state, which lapses ``reset_interval`` seconds
+    after it was last armed (its second entry), and the read of its units (its first)."""
 
     def __init__(self, reset_interval: float, one: int = 1) -> None:
         self.reset_interval = reset_interval
         self.one = one
-        #: client -> [units counted in the spell, time of the last check]
         self._state: dict[Hashable, list[float]] = {}
+
+    def pending(self, client: Hashable, now: float) -> int:
+        """The count a read at ``now`` shows, without counting: ``one`` - the units counted
+        (1 - documents), 0 when reset or with nothing counted."""
+        state = self._state.get(client)
+        if state is None or now - state[1] > self.reset_interval:
+            return 0
+        return self.one - int(state[0])
+
+
+class SeedCount(_Count):
+    """What each client submitted in its busy spell (``mode="seed"``); its state per
+    client: [units counted in the spell, time of the last check]."""
 
     def record(self, client: Hashable, now: float, units: int = 1) -> int:
         """One counted submission of ``units`` at ``now``; the pending count it is checked
@@ -53,23 +66,13 @@ class SeedCount:
         state[1] = now
         return -before
 
-    def pending(self, client: Hashable, now: float) -> int:
-        """The count a read at ``now`` shows, without counting: 1 - what the spell counted
-        (``one`` - units), 0 when reset."""
-        state = self._state.get(client)
-        if state is None or now - state[1] > self.reset_interval:
-            return 0
-        return self.one - int(state[0])
 
-
-class InflightCount:
-    """What each client published and did not finish yet (``mode="inflight"``)."""
+class InflightCount(_Count):
+    """What each client published and did not finish yet (``mode="inflight"``); its state
+    per client: [units in its list, time the TTL was last armed, which list]."""
 
     def __init__(self, reset_interval: float, one: int = 1) -> None:
-        self.reset_interval = reset_interval
-        self.one = one
-        #: client -> [units in its list, time the TTL was last armed, which list]
-        self._state: dict[Hashable, list[float]] = {}
+        super().__init__(reset_interval, one)
         #: document -> the list it was pushed onto, until it ends
         self._list_of: dict[Hashable, float] = {}
         self._lists = 0
@@ -117,11 +120,3 @@ class InflightCount:
         if not state[0]:
             del self._state[client]  # Redis deletes a list whose last entry goes
         return True
-
-    def pending(self, client: Hashable, now: float) -> int:
-        """The count a read at ``now`` shows: 1 - in flight (``one`` - units), 0 with
-        nothing in flight."""
-        state = self._state.get(client)
-        if state is None or now - state[1] > self.reset_interval:
-            return 0
-        return self.one - int(state[0])
