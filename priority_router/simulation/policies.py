@@ -28,7 +28,7 @@ releases comes back through :meth:`Discipline.requeue`.
 from __future__ import annotations
 
 import heapq
-from collections import deque
+from collections import defaultdict, deque
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -102,11 +102,8 @@ class _Unswept:
 class Fifo(_Unswept):
     """Plain Celery: one queue, first in first out."""
 
-    def __init__(self) -> None:
-        self._queue: deque[int] = deque()
-
     def prepare(self, trace: Trace, published: list[float]) -> None:
-        self._queue = deque()
+        self._queue: deque[int] = deque()
 
     def publish(self, doc: int, client: int, now: float) -> None:
         self._queue.append(doc)
@@ -236,20 +233,13 @@ class RoundRobin(_Unswept):
     meanwhile goes before it).
     """
 
-    def __init__(self) -> None:
-        self._queues: dict[int, deque[int]] = {}
+    def prepare(self, trace: Trace, published: list[float]) -> None:
+        self._queues: defaultdict[int, deque[int]] = defaultdict(deque)
         self._active: deque[int] = deque()
         self._turn = False
 
-    def prepare(self, trace: Trace, published: list[float]) -> None:
-        self._queues = {}
-        self._active = deque()
-        self._turn = False
-
     def publish(self, doc: int, client: int, now: float) -> None:
-        waiting = self._queues.get(client)
-        if waiting is None:
-            waiting = self._queues[client] = deque()
+        waiting = self._queues[client]
         if not waiting:
             self._active.append(client)
         waiting.append(doc)
@@ -266,7 +256,7 @@ class RoundRobin(_Unswept):
         return doc
 
 
-class DeficitRoundRobin(_Unswept):
+class DeficitRoundRobin(RoundRobin):
     """Deficit round robin over clients (Shreedhar and Varghese, 1996) by the documents'
     costs, or by their seconds when every document costs 1: by a cost of 1 it would be
     :class:`RoundRobin`, and seconds of work are what it always shared.
@@ -283,32 +273,15 @@ class DeficitRoundRobin(_Unswept):
         if quantum is not None and not quantum > 0:
             raise ValueError(f"quantum {quantum!r} is not a positive number of seconds or cost")
         self.quantum = quantum
-        self._queues: dict[int, deque[int]] = {}
-        self._active: deque[int] = deque()
-        self._deficit: dict[int, float] = {}
-        self._cost: Sequence[float] = []
-        self._turn = False
-        self._q = 0.0
 
     def prepare(self, trace: Trace, published: list[float]) -> None:
-        self._queues = {}
-        self._active = deque()
-        self._deficit = {}
-        self._turn = False
+        super().prepare(trace, published)
+        # A client's deficit is 0 when it joins the round, as it was left when it last left.
+        self._deficit: defaultdict[int, float] = defaultdict(float)
         # The deficits count in the costs' units, so a quantum given as a cost is scaled to them.
-        costs: Sequence[float] = trace.cost_units or trace.duration
+        self._cost: Sequence[float] = trace.cost_units or trace.duration
         scale = RESOLUTION if trace.cost_units else 1
-        self._cost = costs
-        self._q = self.quantum * scale if self.quantum is not None else max(costs)
-
-    def publish(self, doc: int, client: int, now: float) -> None:
-        waiting = self._queues.get(client)
-        if waiting is None:
-            waiting = self._queues[client] = deque()
-        if not waiting:
-            self._active.append(client)
-            self._deficit[client] = 0.0
-        waiting.append(doc)
+        self._q = self.quantum * scale if self.quantum is not None else max(self._cost)
 
     def take(self) -> int:
         active = self._active
