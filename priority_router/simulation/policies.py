@@ -132,21 +132,10 @@ class RouterQueue:
         self.max_wait = max_wait
         self.prioritize = prioritize
         self.sweep_every = None if max_wait is None else sweep_interval(max_wait)
-        #: Index 0 is step 0 (promoted documents); 1..9 are the logical priorities.
-        self._lists: list[deque[int]] = [deque() for _ in range(LEAST_URGENT + 1)]
-        self._published: list[float] = []
-        self._seed = SeedCount(reset_interval)
-        self._inflight = InflightCount(reset_interval)
-        self._ids: tuple[str, ...] = ()
-        self._units: list[int] = []
-        #: Each published document's priority, for requeue.
-        self._levels: list[int] = []
-        # Chosen per trace, so that a trace without costs runs the code it ran before costs.
-        self.publish: Callable[[int, int, float], None] = self._publish
-        self.finish: Callable[[int, int, float], None] = self._finish
 
     def prepare(self, trace: Trace, published: list[float]) -> None:
-        self._lists = [deque() for _ in range(LEAST_URGENT + 1)]
+        #: Index 0 is step 0 (promoted documents); 1..9 are the logical priorities.
+        self._lists: list[deque[int]] = [deque() for _ in range(LEAST_URGENT + 1)]
         self._published = published
         self._units = trace.cost_units
         # Without costs the counts are in documents, as the router's were before costs.
@@ -154,32 +143,19 @@ class RouterQueue:
         self._seed = SeedCount(self.reset_interval, one)
         self._inflight = InflightCount(self.reset_interval, one)
         self._ids = trace.clients
+        #: Each published document's priority, for requeue.
         self._levels = [0] * len(trace)
-        self.publish = self._publish_costed if self._units else self._publish
-        self.finish = self._finish_costed if self._units else self._finish
 
-    def _publish(self, doc: int, client: int, now: float) -> None:
-        if self.mode == "seed":
-            pending = self._seed.record(client, now)
-        else:
-            pending = self._inflight.record(client, doc, now)
-        if self.prioritize is None:
-            priority = self.thresholds.priority_for(pending)
-        else:
-            priority = self.prioritize(self._ids[client], pending)
-        self._levels[doc] = priority
-        self._lists[priority].append(doc)
-
-    def _publish_costed(self, doc: int, client: int, now: float) -> None:
-        units = self._units[doc]
+    def publish(self, doc: int, client: int, now: float) -> None:
+        units = self._units[doc] if self._units else 1
         if self.mode == "seed":
             pending = self._seed.record(client, now, units)
         else:
             pending = self._inflight.record(client, doc, now, units)
         if self.prioritize is None:
-            priority = self.thresholds.priority_for(whole(pending))
+            priority = self.thresholds.priority_for(whole(pending) if self._units else pending)
         else:
-            priority = self.prioritize(self._ids[client], as_count(pending))
+            priority = self.prioritize(self._ids[client], as_count(pending) if self._units else pending)
         self._levels[doc] = priority
         self._lists[priority].append(doc)
 
@@ -192,13 +168,9 @@ class RouterQueue:
                 return waiting.popleft()
         raise IndexError("take() from an empty queue")
 
-    def _finish(self, doc: int, client: int, now: float) -> None:
+    def finish(self, doc: int, client: int, now: float) -> None:
         if self.mode == "inflight":
-            self._inflight.end(client, doc, now)
-
-    def _finish_costed(self, doc: int, client: int, now: float) -> None:
-        if self.mode == "inflight":
-            self._inflight.end(client, doc, now, self._units[doc])
+            self._inflight.end(client, doc, now, self._units[doc] if self._units else 1)
 
     def sweep(self, now: float) -> None:
         """promote.lua: while the oldest document of the priority lists was published at
