@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -31,8 +31,27 @@ class Document:
     at: float
 
 
+class _Open:
+    """A workload whose documents are each published at their ``at``: by ``at``, ties in
+    the order :meth:`documents` gives them."""
+
+    def documents(self) -> Iterable[Document]:
+        raise NotImplementedError
+
+    @property
+    def total(self) -> int:
+        """How many documents it publishes."""
+        return sum(1 for _ in self.documents())
+
+    def trace(self) -> Trace:
+        builder = TraceBuilder()
+        for doc in sorted(self.documents(), key=lambda d: d.at):
+            builder.add(doc.client_id, doc.group, doc.at, doc.seconds)
+        return builder.build()
+
+
 @dataclass(frozen=True)
-class NoisyNeighbour:
+class NoisyNeighbour(_Open):
     """One heavy client dumps a burst of documents; then light clients each send a few,
     spread over ``light_spread`` seconds starting ``light_start`` seconds after the burst
     is out.
@@ -57,18 +76,11 @@ class NoisyNeighbour:
     #: Publish ``process_document`` with this many pages (CPU work) instead of ``hold_document``.
     pages: int | None = None
 
-    @property
-    def total(self) -> int:
-        return self.heavy + self.light_clients * self.light_docs
-
     def documents(self) -> Iterator[Document]:
         length = _lengths(self.seed, self.doc_seconds, self.jitter)
         for n in range(self.heavy):
             yield Document("heavy", "heavy", f"h{n}", length(), 0.0)
         yield from _light(self.light_clients, self.light_docs, self.light_start, self.light_spread, length)
-
-    def trace(self) -> Trace:
-        return _open_trace(self.documents())
 
 
 def _lengths(seed: int, doc_seconds: float, jitter: float) -> Callable[[], float]:
@@ -133,7 +145,7 @@ class SteadyBurst:
 
 
 @dataclass(frozen=True)
-class HeavyMix:
+class HeavyMix(_Open):
     """Several heavy clients of different sizes, and light clients spread over time.
 
     Heavy client ``i`` (``heavy0``, ``heavy1``, ...) dumps ``heavy[i]`` documents at once,
@@ -151,10 +163,6 @@ class HeavyMix:
     jitter: float = 0.5
     seed: int = 7
 
-    @property
-    def total(self) -> int:
-        return sum(self.heavy) + self.light_clients * self.light_docs
-
     def documents(self) -> list[Document]:
         """Every document, in publishing order (by ``at``, seconds after the start)."""
         length = _lengths(self.seed, self.doc_seconds, self.jitter)
@@ -166,12 +174,9 @@ class HeavyMix:
         docs += _light(self.light_clients, self.light_docs, self.light_start, self.light_spread, length)
         return sorted(docs, key=lambda doc: doc.at)  # stable: a dump stays in order
 
-    def trace(self) -> Trace:
-        return _open_trace(self.documents())
-
 
 @dataclass(frozen=True)
-class MixedSizes:
+class MixedSizes(_Open):
     """Documents of very different sizes: one client's long scans next to many clients'
     short invoices, the case for counting documents by their cost.
 
@@ -190,10 +195,6 @@ class MixedSizes:
     jitter: float = 0.1
     seed: int = 7
 
-    @property
-    def total(self) -> int:
-        return self.heavy + self.light_clients * self.light_docs
-
     def documents(self) -> list[Document]:
         """Every document, in publishing order."""
         scale = _lengths(self.seed, 1.0, self.jitter)
@@ -207,12 +208,9 @@ class MixedSizes:
         ]
         return docs
 
-    def trace(self) -> Trace:
-        return _open_trace(self.documents())
-
 
 @dataclass(frozen=True)
-class SlowNeighbour:
+class SlowNeighbour(_Open):
     """One client's long documents filling every slot, next to light clients' short ones:
     the case for capping a client's documents in flight (``max_in_flight``).
 
@@ -237,10 +235,6 @@ class SlowNeighbour:
     light_spread: float = 240.0
     seed: int = 7
 
-    @property
-    def total(self) -> int:
-        return self.heavy + self.light_clients * self.light_docs
-
     def documents(self) -> list[Document]:
         """Every document, in publishing order."""
         rng = random.Random(self.seed)
@@ -257,12 +251,9 @@ class SlowNeighbour:
         docs += _light(self.light_clients, self.light_docs, self.light_start, self.light_spread, light)
         return sorted(docs, key=lambda doc: doc.at)
 
-    def trace(self) -> Trace:
-        return _open_trace(self.documents())
-
 
 @dataclass(frozen=True)
-class Giants:
+class Giants(_Open):
     """Heavy clients of very different sizes: giants, medium clients and light ones, the case
     for a threshold table deeper than the scheme's (``thresholds="wide"``).
 
@@ -287,10 +278,6 @@ class Giants:
     doc_max: float = 3.0
     seed: int = 7
 
-    @property
-    def total(self) -> int:
-        return sum(self.giants) + sum(self.medium) + self.light_clients * self.light_docs
-
     def documents(self) -> list[Document]:
         """Every document, in publishing order."""
         rng = random.Random(self.seed)
@@ -310,17 +297,6 @@ class Giants:
         ]
         docs += _light(self.light_clients, self.light_docs, self.light_start, self.light_spread, length)
         return sorted(docs, key=lambda doc: doc.at)
-
-    def trace(self) -> Trace:
-        return _open_trace(self.documents())
-
-
-def _open_trace(documents: Iterator[Document] | list[Document]) -> Trace:
-    """Documents published at their ``at``, in the order given (sorted by ``at``)."""
-    builder = TraceBuilder()
-    for doc in sorted(documents, key=lambda d: d.at):
-        builder.add(doc.client_id, doc.group, doc.at, doc.seconds)
-    return builder.build()
 
 
 class Workload(Protocol):
