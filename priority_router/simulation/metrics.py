@@ -8,6 +8,7 @@ slowdowns is 1.0 when every client is slowed down alike and 1/n when one takes i
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -129,11 +130,6 @@ def group_waits(trace: Trace, waits: list[float]) -> dict[str, list[float]]:
 
 def group_order(trace: Trace) -> list[str]:
     """The trace's groups, those with fewer documents per client first ("light" before "heavy")."""
-    clients: dict[str, int] = {}
-    documents: dict[str, int] = {}
-    for g in trace.groups:
-        clients[g] = clients.get(g, 0) + 1
-    for c in trace.client:
-        g = trace.groups[c]
-        documents[g] = documents.get(g, 0) + 1
+    clients = Counter(trace.groups)
+    documents = Counter(trace.groups[c] for c in trace.client)
     return sorted(clients, key=lambda g: documents[g] / clients[g])

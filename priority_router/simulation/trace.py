@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import csv
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from itertools import pairwise
@@ -97,10 +98,6 @@ class TraceBuilder:
         #: Empty until a document costs other than 1.
         self.cost_units: list[int] = []
 
-    @property
-    def client_count(self) -> int:
-        return len(self._index)
-
     def add(
         self, client_id: str, group: str, at: float, duration: float, after: int = -1, units: int = ONE
     ) -> int:
@@ -174,10 +171,8 @@ def load_csv(path: str | Path) -> Trace:
     builder = TraceBuilder()
     for timestamp, client_id, duration, units in rows:
         builder.add(client_id, "", timestamp - first, duration, -1, units)
-    counts = [0] * builder.client_count
-    for c in builder.client:
-        counts[c] += 1
-    return builder.build([size_group(n) for n in counts])
+    counts = Counter(builder.client)
+    return builder.build([size_group(counts[c]) for c in range(len(counts))])
 
 
 def _check_header(row: list[str] | None) -> tuple[str, ...]:
