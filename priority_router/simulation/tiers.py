@@ -134,29 +134,36 @@ def parse_tier(text: str) -> Tier:
         if name in values:
             raise TierSpecError(f"{name} is given twice in {text!r}; give it once")
         values[name] = value
+    return _tier(values, inline=True)
+
+
+def _tier(written: Mapping[str, str], inline: bool) -> Tier:
+    """A validated tier from its settings by name, as written (absent or empty: not set);
+    ``inline``: written as in ``tier set`` (``weight=2``), not in a tiers file's cells, as
+    the fix's example then is."""
+    values = {name: value for name, value in written.items() if value}
     try:
         weight = float(values.get("weight", "1"))
     except ValueError:
-        raise TierSpecError(
-            f"weight {values['weight']!r} is not a number; write e.g. weight=2 or weight=0.5"
-        ) from None
-    shift = _whole("shift", values.get("shift", "0"), "shift=-1")
-    fixed = _whole("fixed", values["fixed"], "fixed=9") if "fixed" in values else None
-    return _validated(weight, shift, fixed, _limits(values))
+        example = "weight=2 or weight=0.5" if inline else "2 or 0.5"
+        raise TierSpecError(f"weight {values['weight']!r} is not a number; write e.g. {example}") from None
+    shift = _whole("shift", values["shift"], "shift=-1" if inline else "-1") if "shift" in values else 0
+    fixed = _whole("fixed", values["fixed"], "fixed=9" if inline else "9") if "fixed" in values else None
+    try:
+        return Tier(weight, shift, fixed, _limits(values))
+    except ConfigurationError as exc:  # the router's own validation: names the setting or limit and the fix
+        raise TierSpecError(str(exc)) from None
 
 
 def _limits(values: Mapping[str, str]) -> Limits:
     """The limits among a tier's ``values`` (names as in :data:`LIMIT_COLUMNS`, text as written)."""
-    try:
-        return Limits(
-            max_in_flight=_number(values.get("max_in_flight"), int),
-            borrow=values.get("borrow") == "true",
-            rate=values.get("rate"),
-            burst=_number(values.get("burst"), int),
-            max_cost_in_flight=_number(values.get("max_cost_in_flight"), float),
-        )
-    except ConfigurationError as exc:  # the router's own validation: names the limit and the fix
-        raise TierSpecError(str(exc)) from None
+    return Limits(
+        max_in_flight=_number(values.get("max_in_flight"), int),
+        borrow=_borrow(values.get("borrow", "false")),
+        rate=values.get("rate"),
+        burst=_number(values.get("burst"), int),
+        max_cost_in_flight=_number(values.get("max_cost_in_flight"), float),
+    )
 
 
 def _number(raw: str | None, kind: type[int] | type[float]) -> Any:
@@ -225,7 +232,9 @@ def _client_line(
             f"line {line}: {client_id!r} already has a tier on line {lines[client_id]}; keep one"
         )
     try:
-        return client_id, _row_tier(dict(zip(header[1:], (cell.strip() for cell in row[1:]), strict=True)))
+        return client_id, _tier(
+            dict(zip(header[1:], (cell.strip() for cell in row[1:]), strict=True)), inline=False
+        )
     except TierSpecError as exc:
         raise TierSpecError(f"line {line}: {exc}") from None
 
@@ -249,26 +258,11 @@ def _check_header(row: list[str] | None) -> tuple[str, ...]:
     return (HEADER[0], *cells[1:])
 
 
-def _row_tier(cells: Mapping[str, str]) -> Tier:
-    """A tier from one line's cells by column name (an empty cell: not set)."""
-    raw_weight, raw_shift, raw_fixed = cells["weight"], cells["shift"], cells["fixed"]
-    try:
-        weight = float(raw_weight) if raw_weight else 1.0
-    except ValueError:
-        raise TierSpecError(f"weight {raw_weight!r} is not a number; write e.g. 2 or 0.5") from None
-    shift = _whole("shift", raw_shift, "-1") if raw_shift else 0
-    fixed = _whole("fixed", raw_fixed, "9") if raw_fixed else None
-    values = {name: cells[name] for name in LIMIT_COLUMNS if cells.get(name)}
-    if "borrow" in values:
-        values["borrow"] = _borrow_cell(values["borrow"])
-    return _validated(weight, shift, fixed, _limits(values))
-
-
-def _borrow_cell(raw: str) -> str:
+def _borrow(raw: str) -> bool:
     word = raw.lower()
     if word not in (*_TRUE, *_FALSE):
         raise TierSpecError(f"borrow {raw!r} is not true or false; write true, or leave the cell empty")
-    return "true" if word in _TRUE else "false"
+    return word in _TRUE
 
 
 def _whole(name: str, raw: str, example: str) -> int:
@@ -276,10 +270,3 @@ def _whole(name: str, raw: str, example: str) -> int:
         return int(raw)
     except ValueError:
         raise TierSpecError(f"{name} {raw!r} is not a whole number; write e.g. {example}") from None
-
-
-def _validated(weight: float, shift: int, fixed: int | None, limits: Limits = NONE) -> Tier:
-    try:
-        return Tier(weight, shift, fixed, limits)
-    except ConfigurationError as exc:  # the router's own validation: names the setting and the fix
-        raise TierSpecError(str(exc)) from None
