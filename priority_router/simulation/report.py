@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 import statistics
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -74,16 +75,8 @@ def groups_table(outcomes: dict[str, Outcome], trace: Trace) -> Table:
 
 def policy_table(outcome: Outcome, trace: Trace, limit: int) -> Table:
     """One row per client (at most ``limit``: the longest p95 waits when there are more)."""
-    clients = list(outcome.per_client.items())
-    if len(clients) > limit:
-        clients.sort(key=lambda item: (-item[1].p95_wait, item[0]))
-        shown = clients[:limit]
-        caption = (
-            f"the {limit} clients with the longest p95 wait of {len(clients)}; --json lists every client"
-        )
-    else:
-        shown = sorted(clients)
-        caption = None
+    per_client = outcome.per_client
+    shown, caption = _most(per_client, limit, lambda c: per_client[c].p95_wait, "with the longest p95 wait")
     table = Table(
         title=f"{outcome.policy}: makespan {seconds(outcome.makespan)}, Jain {outcome.jain:.3f}",
         caption=caption,
@@ -95,14 +88,13 @@ def policy_table(outcome: Outcome, trace: Trace, limit: int) -> Table:
         columns.append("overtakes")
     for column in columns:
         table.add_column(column, justify="left" if column in ("client", "group") else "right")
-    for client_id, w in shown:
+    for client_id in shown:
+        w = per_client[client_id]
         table.add_row(
             client_id,
             group_of[client_id],
             str(w.documents),
-            seconds(w.p50_wait),
-            seconds(w.p95_wait),
-            seconds(w.max_wait),
+            *(seconds(v) for v in (w.p50_wait, w.p95_wait, w.max_wait)),
             *(() if ordered else (f"{w.overtakes:,}",)),
         )
     return table
@@ -112,16 +104,11 @@ def limits_table(outcomes: dict[str, Outcome], limits: Mapping[str, Limits], lim
     """Each client with limits under each policy: the most documents it ran at once, its
     documents held and their time held (at most ``limit`` clients: the longest held)."""
     held = {c: max(o.gated[c].held_seconds for o in outcomes.values()) for c in limits}
-    clients = sorted(limits, key=lambda c: (-held[c], c)) if len(limits) > limit else sorted(limits)
-    caption = (
-        f"the {limit} clients held longest of {len(limits)}; --json lists every client"
-        if len(limits) > limit
-        else None
-    )
+    clients, caption = _most(limits, limit, held.__getitem__, "held longest")
     table = Table(title="Limits: what the workers' gate did", caption=caption)
     for column in ("client", "limits", "policy", "max running", "held", "time held"):
         table.add_column(column, justify="left" if column in ("client", "limits", "policy") else "right")
-    for n, client_id in enumerate(clients[:limit]):
+    for n, client_id in enumerate(clients):
         for i, (name, outcome) in enumerate(outcomes.items()):
             stats = outcome.gated[client_id]
             table.add_row(
@@ -131,9 +118,21 @@ def limits_table(outcomes: dict[str, Outcome], limits: Mapping[str, Limits], lim
                 str(stats.peak),
                 str(stats.held),
                 seconds(stats.held_seconds),
-                end_section=i == len(outcomes) - 1 and n != min(limit, len(clients)) - 1,
+                end_section=i == len(outcomes) - 1 and n != len(clients) - 1,
             )
     return table
+
+
+def _most(
+    clients: Iterable[str], limit: int, key: Callable[[str], float], what: str
+) -> tuple[list[str], str | None]:
+    """Every client, by id, or when there are more than ``limit``, the ``limit`` with the
+    largest ``key`` (ties by id), and the caption then saying which (``what``)."""
+    found = sorted(clients)
+    if len(found) <= limit:
+        return found, None
+    found.sort(key=lambda c: -key(c))  # stable: ties stay in id order
+    return found[:limit], f"the {limit} clients {what} of {len(found)}; --json lists every client"
 
 
 def as_json(outcomes: dict[str, Outcome]) -> dict[str, Any]:
@@ -148,16 +147,8 @@ def _policy_json(o: Outcome) -> dict[str, Any]:
         "makespan": round(o.makespan, 6),
         "jain": round(o.jain, 6),
         "overtakes": o.overtakes,
-        "per_client": {
-            client_id: {
-                "documents": w.documents,
-                "p50_wait": round(w.p50_wait, 6),
-                "p95_wait": round(w.p95_wait, 6),
-                "max_wait": round(w.max_wait, 6),
-                "overtakes": w.overtakes,
-            }
-            for client_id, w in o.per_client.items()
-        },
+        # A client's entry is its ClientWaits, field for field (round leaves the counts whole).
+        "per_client": {c: {k: round(v, 6) for k, v in asdict(w).items()} for c, w in o.per_client.items()},
     }
     if o.gated:
         found["limits"] = {
