@@ -145,17 +145,15 @@ def load_csv(path: str | Path) -> Trace:
         with open(path, newline="", encoding="utf-8-sig") as f:
             reader = csv.reader(f)
             header = _check_header(next(reader, None))
-            fields = len(header)
-            document = _document if fields == len(HEADER) else _costed_document
             for row in reader:
-                if len(row) != fields:
+                if len(row) != len(header):
                     if not row or not any(cell.strip() for cell in row):
                         continue
                     raise TraceError(
                         f"line {reader.line_num}: {len(row)} field(s) {row!r}; each line is "
                         f"{','.join(header)} (quote a client id that holds a comma)"
                     )
-                rows.append(document(reader.line_num, row))
+                rows.append(_document(reader.line_num, row))
     except UnicodeDecodeError as exc:
         raise TraceError(
             f"the file is not UTF-8 text ({exc.reason} at byte {exc.start}); save it as UTF-8"
@@ -188,7 +186,7 @@ def _check_header(row: list[str] | None) -> tuple[str, ...]:
 
 
 def _document(line: int, row: list[str]) -> tuple[float, str, float, int]:
-    raw_at, raw_client, raw_duration = row
+    raw_at, raw_client, raw_duration, *cost = row
     at = _number(raw_at)
     if not math.isfinite(at):
         raise TraceError(f"line {line}: timestamp {raw_at!r} is not a number of seconds; write e.g. 12.5")
@@ -203,7 +201,7 @@ def _document(line: int, row: list[str]) -> tuple[float, str, float, int]:
             f"line {line}: duration {raw_duration!r} is not a positive number of seconds; "
             "write how long the document holds a worker, e.g. 0.05"
         )
-    return at, client_id, duration, ONE
+    return at, client_id, duration, _cost(line, cost[0]) if cost else ONE
 
 
 def _number(raw: str) -> float:
@@ -212,11 +210,6 @@ def _number(raw: str) -> float:
         return float(raw)
     except ValueError:
         return math.nan
-
-
-def _costed_document(line: int, row: list[str]) -> tuple[float, str, float, int]:
-    at, client_id, duration, _ = _document(line, row[:3])
-    return at, client_id, duration, _cost(line, row[3])
 
 
 def _cost(line: int, raw: str) -> int:
