@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import random
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -101,6 +101,18 @@ def _light(
     ]
 
 
+def _dumps(
+    group: str, sizes: Sequence[int], start: float, gap: float, length: Callable[[], float]
+) -> list[Document]:
+    """Client ``i`` of ``group`` (``heavy0``, ...; documents ``h0-0``, ...) dumps ``sizes[i]``
+    documents at once, ``start + i * gap`` seconds after the start."""
+    return [
+        Document(group, f"{group}{i}", f"{group[0]}{i}-{n}", length(), start + i * gap)
+        for i, size in enumerate(sizes)
+        for n in range(size)
+    ]
+
+
 @dataclass(frozen=True)
 class SteadyBurst:
     """A steady client next to a bursting one.
@@ -166,11 +178,7 @@ class HeavyMix(_Open):
     def documents(self) -> list[Document]:
         """Every document, in publishing order (by ``at``, seconds after the start)."""
         length = _lengths(self.seed, self.doc_seconds, self.jitter)
-        docs = [
-            Document("heavy", f"heavy{i}", f"h{i}-{n}", length(), i * self.heavy_gap)
-            for i, size in enumerate(self.heavy)
-            for n in range(size)
-        ]
+        docs = _dumps("heavy", self.heavy, 0.0, self.heavy_gap, length)
         docs += _light(self.light_clients, self.light_docs, self.light_start, self.light_spread, length)
         return sorted(docs, key=lambda doc: doc.at)  # stable: a dump stays in order
 
@@ -285,16 +293,8 @@ class Giants(_Open):
         def length() -> float:
             return rng.uniform(self.doc_min, self.doc_max)
 
-        docs = [
-            Document("giant", f"giant{i}", f"g{i}-{n}", length(), i * self.giant_gap)
-            for i, size in enumerate(self.giants)
-            for n in range(size)
-        ]
-        docs += [
-            Document("medium", f"medium{i}", f"m{i}-{n}", length(), self.medium_at + i * self.medium_gap)
-            for i, size in enumerate(self.medium)
-            for n in range(size)
-        ]
+        docs = _dumps("giant", self.giants, 0.0, self.giant_gap, length)
+        docs += _dumps("medium", self.medium, self.medium_at, self.medium_gap, length)
         docs += _light(self.light_clients, self.light_docs, self.light_start, self.light_spread, length)
         return sorted(docs, key=lambda doc: doc.at)
 
