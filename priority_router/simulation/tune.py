@@ -110,8 +110,7 @@ def table_of(limits: Sequence[int]) -> Policy:
 
 def candidates() -> list[Policy]:
     """The tables searched: the geometric family (:data:`STARTS` x :data:`RATIOS`)."""
-    found = {geometric(s, r): None for s in STARTS for r in RATIOS}
-    return list(found)
+    return list(dict.fromkeys(geometric(s, r) for s in STARTS for r in RATIOS))
 
 
 @dataclass(frozen=True)
