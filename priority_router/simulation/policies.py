@@ -28,9 +28,9 @@ releases comes back through :meth:`Discipline.requeue`.
 from __future__ import annotations
 
 import heapq
+from abc import ABC, abstractmethod
 from collections import defaultdict, deque
 from collections.abc import Callable, Sequence
-from typing import Protocol
 
 from ..config import RouterConfig
 from ..integration.starvation import BATCH, MAX_CALLS, sweep_interval
@@ -54,52 +54,42 @@ SWEEP_LIMIT = BATCH * MAX_CALLS
 Prioritize = Callable[[str, float], int]
 
 
-class Discipline(Protocol):
-    """One queue discipline, driven by :func:`~priority_router.simulation.engine.run`."""
+class Discipline(ABC):
+    """One queue discipline, driven by :func:`~priority_router.simulation.engine.run`.
+
+    By default it has no sweeps, nothing to do when a document finishes, and a released
+    document waits again as a fresh publish would: the disciplines without priorities."""
 
     #: Seconds between sweeps of waiting documents, None for none.
-    sweep_every: float | None
+    sweep_every: float | None = None
 
+    @abstractmethod
     def prepare(self, trace: Trace, published: list[float]) -> None:
         """Start afresh for ``trace``; ``published[doc]`` is each published document's time."""
 
+    @abstractmethod
     def publish(self, doc: int, client: int, now: float) -> None:
         """``doc`` of ``client`` is published at ``now`` and waits."""
 
     def requeue(self, doc: int, client: int, now: float) -> None:
         """``doc``, held by the gate and now released, waits again where its publish put it
         (the priority it was published with), without being counted again."""
+        self.publish(doc, client, now)
 
+    @abstractmethod
     def take(self) -> int:
         """The waiting document a free slot takes next (there is one)."""
 
     def finish(self, doc: int, client: int, now: float) -> None:
         """``doc`` of ``client`` finished at ``now``."""
+        return None
 
     def sweep(self, now: float) -> None:
         """A sweep at ``now`` (only when ``sweep_every`` is set)."""
-
-
-class _Unswept:
-    """What the disciplines without priorities share: no sweeps, nothing to do when a
-    document finishes, and a released document waits again as a fresh publish would."""
-
-    sweep_every: float | None = None
-
-    def publish(self, doc: int, client: int, now: float) -> None:
-        raise NotImplementedError
-
-    def requeue(self, doc: int, client: int, now: float) -> None:
-        self.publish(doc, client, now)
-
-    def finish(self, doc: int, client: int, now: float) -> None:
-        return None
-
-    def sweep(self, now: float) -> None:
         return None
 
 
-class Fifo(_Unswept):
+class Fifo(Discipline):
     """Plain Celery: one queue, first in first out."""
 
     def prepare(self, trace: Trace, published: list[float]) -> None:
@@ -112,7 +102,7 @@ class Fifo(_Unswept):
         return self._queue.popleft()
 
 
-class RouterQueue:
+class RouterQueue(Discipline):
     """The router in ``mode`` ("seed" or "inflight"), with the max_wait sweeper when
     ``max_wait`` is set."""
 
@@ -196,7 +186,7 @@ class RouterQueue:
                 heapq.heappop(heads)
 
 
-class RoundRobin(_Unswept):
+class RoundRobin(Discipline):
     """Round robin over clients: one document per client per turn, whatever it costs.
 
     Clients with waiting documents take turns in the order they became busy; a turn serves
