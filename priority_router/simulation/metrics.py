@@ -89,12 +89,19 @@ def summarize(policy: str, trace: Trace, schedule: Schedule) -> Outcome:
     waits = [s - p for s, p in zip(schedule.started, schedule.published, strict=True)]
     by_client: list[list[float]] = [[] for _ in trace.clients]
     services: list[list[float]] = [[] for _ in trace.clients]
-    for c, w, d in zip(trace.client, waits, trace.duration, strict=True):
+    # A document overtakes when it started before one its client published earlier (the
+    # trace's order): before the latest start of the client's documents so far.
+    latest = [float("-inf")] * len(trace.clients)
+    overtakes = [0] * len(trace.clients)
+    for c, w, d, s in zip(trace.client, waits, trace.duration, schedule.started, strict=True):
         by_client[c].append(w)
         services[c].append(d)
+        if s < latest[c]:
+            overtakes[c] += 1
+        else:
+            latest[c] = s
     per_client = {}
     slowdowns = []
-    overtakes = overtakes_by_client(trace, schedule.started)
     for c, client_id in enumerate(trace.clients):
         mine = sorted(by_client[c])
         per_client[client_id] = ClientWaits(
@@ -104,19 +111,6 @@ def summarize(policy: str, trace: Trace, schedule: Schedule) -> Outcome:
     makespan = max(schedule.finished) - min(schedule.published)
     gated = {trace.clients[c]: stats for c, stats in schedule.gated.items()}
     return Outcome(policy, makespan, jain(slowdowns), per_client, waits, gated)
-
-
-def overtakes_by_client(trace: Trace, started: list[float]) -> list[int]:
-    """Per client (by index), its documents that started before one it published earlier
-    (documents are published in trace order)."""
-    latest = [float("-inf")] * len(trace.clients)
-    found = [0] * len(trace.clients)
-    for c, s in zip(trace.client, started, strict=True):
-        if s < latest[c]:
-            found[c] += 1
-        else:
-            latest[c] = s
-    return found
 
 
 def group_waits(trace: Trace, waits: list[float]) -> dict[str, list[float]]:
