@@ -94,8 +94,7 @@ class Tiers:
 
     def missing(self, client_ids: Iterable[str]) -> list[str]:
         """The clients with a tier that are not among ``client_ids`` (sorted)."""
-        present = set(client_ids)
-        return sorted(c for c in self.clients if c not in present)
+        return sorted(set(self.clients) - set(client_ids))
 
     def summary(self) -> str:
         """For the report's settings line: ``tiers for 2 clients, default tier fixed=9``."""
