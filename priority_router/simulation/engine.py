@@ -114,10 +114,8 @@ def run(
             if waiting:
                 waiting -= 1
                 nxt = take()
-                begin = tf + overhead
-                started[nxt] = begin
-                end = begin + duration[nxt]
-                finished[nxt] = end
+                started[nxt] = begin = tf + overhead
+                finished[nxt] = end = begin + duration[nxt]
                 heappush(running, (end, nxt))
             else:
                 free += 1
@@ -135,10 +133,8 @@ def run(
         if free:
             free -= 1
             nxt = take()
-            begin = ta + overhead
-            started[nxt] = begin
-            end = begin + duration[nxt]
-            finished[nxt] = end
+            started[nxt] = begin = ta + overhead
+            finished[nxt] = end = begin + duration[nxt]
             heappush(running, (end, nxt))
         else:
             if not waiting and every < inf:
@@ -185,8 +181,7 @@ def _run_gated(trace: Trace, discipline: Discipline, workers: int, overhead: flo
             queued -= 1
             if gate.admit(doc, client[doc], now):
                 free -= 1
-                begin = now + overhead
-                started[doc] = begin
+                started[doc] = begin = now + overhead
                 finished[doc] = end = begin + duration[doc]
                 heappush(running, (end, doc))
 
