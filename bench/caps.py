@@ -50,10 +50,10 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 import redis  # noqa: E402
 from support.services import Worker  # noqa: E402
+from support.simulation import most_at_once  # noqa: E402
 
 from priority_router import PriorityRouter  # noqa: E402
 from priority_router.router import engine_of  # noqa: E402
-from priority_router.simulation.metrics import most_at_once  # noqa: E402
 from workers.app import create_app  # noqa: E402
 from workers.local_redis import RedisDatabases  # noqa: E402
 from workers.workload import HOLD, p95  # noqa: E402
