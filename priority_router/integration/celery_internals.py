@@ -21,6 +21,10 @@ documents these as public, so each has a test that fails when a release changes 
   which ``window.py`` widens by one document while documents are short;
 - the callbacks kombu's event loop has queued for its next turn (``Hub._ready``), which
   ``solo_loop.py`` wakes the loop for;
+- kombu's Redis sweep of unacknowledged messages past their visibility timeout
+  (``QoS.restore_visible`` with the channel's ``unacked_restore_limit``,
+  ``unacked_restore_throttle`` and ``unacked_restore_interval``), which ``green_restore.py``
+  runs on green pools, where kombu's event loop does not;
 - the ``task-sent`` event of a task message being sent (``task_message.sent_event``), whose
   ``kwargs`` the publish hook annotates as it does the ``kwargsrepr`` header.
 """
@@ -176,3 +180,29 @@ def sent_event(message: Any) -> dict[str, Any] | None:
     ``amqp.as_task_v2`` builds it), or None when task-sent events are off."""
     event = getattr(message, "sent_event", None)
     return event if isinstance(event, dict) else None
+
+
+#: kombu's cadence of the sweep before it became settable (kombu 5.7): a call every 10 s,
+#: a scan every 10th call.
+KOMBU_RESTORE_EVERY = 10
+
+
+def restore_unacked(channel: Any) -> None:
+    """One call of kombu's sweep of ``channel``'s broker (Redis) for unacknowledged messages
+    past their visibility timeout, each put back in its queue, as kombu's event loop timer
+    calls it: at most ``unacked_restore_limit`` messages, a scan every
+    ``unacked_restore_throttle`` calls, under kombu's lock shared by every worker."""
+    channel.qos.restore_visible(
+        num=channel.unacked_restore_limit,
+        interval=getattr(channel, "unacked_restore_throttle", KOMBU_RESTORE_EVERY),
+    )
+
+
+def restore_interval(app: Any) -> float:
+    """Seconds between calls of the sweep on ``app``'s Redis broker: its
+    ``unacked_restore_interval`` transport option, else kombu's default."""
+    from kombu.transport.redis import Channel
+
+    options = app.conf.broker_transport_options or {}
+    default = getattr(Channel, "unacked_restore_interval", KOMBU_RESTORE_EVERY)
+    return float(options.get("unacked_restore_interval", default))

@@ -59,6 +59,7 @@ from .celery_settings import Change, apply_changes, describe, first_time, wanted
 from .consumers import check_at_start
 from .endings import end_unsent, watch_endings
 from .gate import start_gate, watch_gate
+from .green_restore import start_unacked_sweep
 from .installation import ATTRIBUTE, Installation, installation_of
 from .old_kombu import FIX, shortfalls, watch_old_kombu
 from .pools import pool_of_options, pool_of_worker
@@ -155,6 +156,8 @@ def uninstall(engine: Engine, app: Celery) -> bool:
             installation.sweeper.stop()
         if installation.gate is not None:
             installation.gate.stop()
+        if installation.unacked_sweep is not None:
+            installation.unacked_sweep.stop()
         app.on_after_configure.disconnect(dispatch_uid=_UID)
         unwrap_sender(app)
         return True
@@ -428,9 +431,16 @@ def _on_worker_ready(sender: Any = None, **_: Any) -> None:
     if transport is not None:
         queues = getattr(getattr(sender, "task_consumer", None), "queues", None) or []
         check_at_start(app, transport, [q.name for q in queues], getattr(sender, "hostname", ""))
+    pool = installation.pool
     if installation.gate is None:
-        pool = installation.pool
         installation.gate = start_gate(app, installation.engine, sender, pool.concurrency if pool else 1)
+    if (
+        installation.unacked_sweep is None
+        and transport is Transport.REDIS
+        and pool is not None
+        and pool.green
+    ):
+        installation.unacked_sweep = start_unacked_sweep(app)  # kombu's loop does not run it here
     if installation.sweeper is not None:
         return
     max_wait = installation.engine.config.max_wait

@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 
 class Thread(Protocol):
     """A worker-side thread the installation starts and ``uninstall`` stops (the gate's,
-    ``gate.GateThread``; the max_wait sweeper, ``starvation.Sweeper``)."""
+    ``gate.GateThread``; the max_wait sweeper, ``starvation.Sweeper``; a green worker's
+    ``green_restore.UnackedSweep``)."""
 
     def stop(self) -> None: ...
 
@@ -44,6 +45,8 @@ class Installation:
     sweeper: Thread | None = None
     #: The gate's thread (leases, releases, borrowing), once the worker is ready.
     gate: Thread | None = None
+    #: A green worker's sweep of killed workers' unacked documents (Redis), once it is ready.
+    unacked_sweep: Thread | None = None
     #: The pool of the worker this app runs in, once a worker starts (``pools.py``).
     pool: WorkerPool | None = None
     #: The values the router set in the app's configuration, by key: not the user's choice.

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import redis
 from celery import Celery
 from support.broker import drain
 from support.celery_versions import skip_without_fast_redelivery
@@ -228,3 +229,31 @@ def test_sentinel_url_finds_the_master(redis_server_url: str, key_prefix: str) -
     finally:
         sentinel.terminate()
         sentinel.wait(10)
+
+
+@pytest.mark.parametrize("broker_url", ["redis"], indirect=True)
+@pytest.mark.parametrize("pool", ["gevent", "eventlet"])
+def test_a_killed_workers_documents_go_back_while_green_workers_run(
+    producer: Callable[[], Celery], worker_env: dict[str, str], pool: str
+) -> None:
+    """Found in a field trial: kombu sweeps a killed worker's unacked documents back into
+    their queue from its event loop, which green pools do not run, so with late acks they
+    waited until some worker started (plain Celery the same).  A router worker on a green
+    pool runs the sweep itself: here the only worker left consumes another queue, so
+    nothing but its sweep can put them back."""
+    skip_without_fast_redelivery(worker_env["BROKER_URL"])
+    env = dict(worker_env)
+    env["BROKER_TRANSPORT_OPTIONS"] = fast_redelivery(env)
+    index = f"{env['DOCUMENT_QUEUE']}.unacked_index"
+    broker = redis.Redis.from_url(env["BROKER_URL"])
+    app = producer()
+    ids = [app.send_task("tests.hold_and_record", (2,), headers={"client_id": "acme"}).id for _ in range(2)]
+    with running_worker(env, "--pool", pool, "--concurrency", "4", "-Q", f"other-{uuid.uuid4().hex[:8]}"):
+        kill_worker_mid_work(env, "--pool", pool, "--concurrency", "2", timeout=30)
+        assert broker.zcard(index) == 2, "the killed worker's documents wait, unacknowledged"
+        deadline = time.monotonic() + 30
+        while broker.zcard(index) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert broker.zcard(index) == 0, "swept back into their queue by the worker left"
+    with running_worker(env, "--pool", pool, "--concurrency", "2"):
+        assert len([app.AsyncResult(tid).get(timeout=90) for tid in ids]) == 2

@@ -233,3 +233,17 @@ def test_a_task_message_carries_its_task_sent_event_with_the_kwargs_shown(app: C
     event = internals.sent_event(message)
     assert event is not None and event["kwargs"] == message.headers["kwargsrepr"]
     assert internals.sent_event(app.amqp.as_task_v2("t-2", "doc")) is None
+
+
+def test_kombus_redis_sweep_of_unacked_messages_is_called_as_its_loop_calls_it() -> None:
+    from kombu.transport.redis import Channel, QoS
+
+    assert {"num", "interval"} <= set(inspect.signature(QoS.restore_visible).parameters)
+    assert hasattr(Channel, "unacked_restore_limit")
+    channel = mock.Mock(unacked_restore_limit=7, unacked_restore_throttle=1)
+    internals.restore_unacked(channel)
+    channel.qos.restore_visible.assert_called_once_with(num=7, interval=1)
+    app = Celery("a", broker="redis://127.0.0.1:1/0", set_as_current=False)
+    assert internals.restore_interval(app) == getattr(Channel, "unacked_restore_interval", 10)
+    app.conf.broker_transport_options = {"unacked_restore_interval": 2}
+    assert internals.restore_interval(app) == 2
