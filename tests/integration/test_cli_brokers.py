@@ -196,7 +196,7 @@ def test_store_options_typed_with_dash_a_win_over_the_apps_and_say_so(
     assert plain.stderr == ""
 
 
-def test_doctor_flags_a_cap_that_can_never_bite_and_documents_held_past_max_wait(
+def test_doctor_flags_a_cap_that_can_never_bite_and_names_documents_held_past_max_wait(
     app_module: AppFactory, redis_server_url: str, key_prefix: str
 ) -> None:
     import time
@@ -233,7 +233,10 @@ def test_doctor_flags_a_cap_that_can_never_bite_and_documents_held_past_max_wait
         r"client 'bulk' has 1 document\(s\) held by its limits, the oldest for [4-9]\d s", finding["detail"]
     )
     assert "longer than max_wait=2 s" in finding["detail"]
-    assert code == 1
+    # Said, not failed: a capped client's burst outlasts max_wait in normal running.  (Here
+    # the running document's lease ran out and no worker answers: both failed on lines of
+    # their own.)
+    assert finding["ok"]
 
     # The running document ended and nothing released the held one: no router worker runs.
     engine_of(router).gate_store.end("bulk", "running", limits)
