@@ -31,8 +31,8 @@ class OwedEnds(Generic[E]):
     """A bounded queue of owed ends and the one daemon thread that sends them again."""
 
     def __init__(self, limit: int = MAX_OWED) -> None:
-        self._ends: deque[E] = deque()
-        self._limit = limit
+        #: Bounded: appending past ``limit`` forgets the oldest, giving back past it the newest.
+        self._ends: deque[E] = deque(maxlen=limit)
         self._lock = threading.Lock()
         self._retrier: threading.Thread | None = None
         #: How the retrier sends, once one was asked for: ends given back start it again.
@@ -51,11 +51,9 @@ class OwedEnds(Generic[E]):
     def add(self, end: E) -> bool:
         """Keep ``end``; False when the oldest one was forgotten to make room."""
         with self._lock:
+            full = len(self._ends) == self._ends.maxlen
             self._ends.append(end)
-            if len(self._ends) <= self._limit:
-                return True
-            self._ends.popleft()
-            return False
+            return not full
 
     def take(self, n: int) -> list[E]:
         """The ``n`` oldest owed ends, no longer kept."""
@@ -66,8 +64,6 @@ class OwedEnds(Generic[E]):
         """Ends taken but not sent: kept again, oldest first."""
         with self._lock:
             self._ends.extendleft(reversed(ends))
-            while len(self._ends) > self._limit:
-                self._ends.pop()
             # The retrier may have found nothing owed while these were out, and stopped.
             if self._ends and self._retrier is None and self._sending is not None:
                 self._start(*self._sending)
