@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import logging.handlers
+import sys
 import threading
 import weakref
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -448,23 +450,14 @@ def _on_worker_ready(sender: Any = None, **_: Any) -> None:
         installation.sweeper = start_sweeper(app, sender, max_wait)
 
 
-class _Held(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-
-_held: _Held | None = None
+_held: logging.handlers.BufferingHandler | None = None
 
 
 def _hold_records() -> None:
     """Keep the router's log records until the starting worker's log is set up."""
     global _held
     if _held is None:
-        _held = _Held()
+        _held = logging.handlers.BufferingHandler(sys.maxsize)  # never full: released by hand
         logger.addHandler(_held)
         logger.propagate = False
 
@@ -476,7 +469,7 @@ def _release_records() -> None:
         return
     logger.removeHandler(_held)
     logger.propagate = True
-    for record in _held.records:
+    for record in _held.buffer:
         logger.handle(record)
     _held = None
 
