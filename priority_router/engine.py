@@ -125,12 +125,7 @@ class Engine:
         units = self.units_quietly(cost, client_id)
         metrics = self.metrics
         started = time.perf_counter() if metrics is not None else 0.0
-
-        def count() -> tuple[bool, int | float, Any]:
-            tiered = self.tiered()
-            return (tiered, *self.count(client_id, task_id, tiered, units))
-
-        counted = self._quietly(count, "publish")
+        counted = self._quietly(lambda: self.count(client_id, task_id, units), "publish")
         if counted is None:
             return self.fail_open(client_id)
         if metrics is not None:
@@ -144,27 +139,22 @@ class Engine:
         if n == 0 or not self._breaker.allow("publish"):
             return fail_open
         units = self.units_quietly(cost, client_id)
-
-        def count() -> tuple[bool, list[int | float], Any]:
-            tiered = self.tiered()
-            return (tiered, *self.counter.count(client_id, n, units, tiered, self.costs(units)))
-
-        counted = self._quietly(count, "publish")
+        counted = self._quietly(lambda: self.count_many(client_id, n, units), "publish")
         if counted is None:
             return fail_open
         tiered, pendings, stored = counted
         return [self.decision(client_id, p, stored, tiered, units) for p in pendings]
 
-    def count(
-        self, client: str, task_id: str | None, tiered: bool, units: int = ONE
-    ) -> tuple[int | float, Any]:
-        """One counted document in the mode's store: the pending count it is checked at, and
-        the client's stored tier when ``tiered`` (read in the same transaction), else None."""
+    def count(self, client: str, task_id: str | None, units: int = ONE) -> tuple[bool, int | float, Any]:
+        """One counted document in the mode's store: whether checks read tiers, the pending
+        count it is checked at, and the client's stored tier when they do (read in the same
+        transaction), else None."""
+        tiered = self.tiered()
         costs = self.costs(units)
         if self.inflight is not None:
             assert task_id is not None
             try:
-                return self.inflight.count(client, task_id, units, tiered, costs)
+                return (tiered, *self.inflight.count(client, task_id, units, tiered, costs))
             except STORE_ERRORS:
                 # The script may have reached the store and run there after the timeout (a
                 # stall, a lost reply), while its caller takes the document as uncounted
@@ -174,7 +164,13 @@ class Engine:
                 self._owe((client, task_id, units))
                 raise
         pendings, stored = self.counter.count(client, 1, units, tiered, costs)
-        return pendings[0], stored
+        return tiered, pendings[0], stored
+
+    def count_many(self, client: str, n: int, units: int) -> tuple[bool, list[int | float], Any]:
+        """``n`` counted documents in one round trip (seed mode): as :meth:`count`, with each
+        one's pending count."""
+        tiered = self.tiered()
+        return (tiered, *self.counter.count(client, n, units, tiered, self.costs(units)))
 
     def costs(self, units: int) -> bool:
         """Whether this check reads the client's extras (``store/costs.py``): once any costed

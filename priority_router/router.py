@@ -112,8 +112,7 @@ class PriorityRouter:
         if self._engine.inflight is not None:
             task_id = _task_id(task_id)
         with self._engine.explicit("count", client):
-            tiered = self._engine.tiered()
-            pending, stored = self._engine.count(client, task_id, tiered, units)
+            tiered, pending, stored = self._engine.count(client, task_id, units)
         return self._engine.decision(client, pending, stored, tiered, units)
 
     def end(self, client_id: object, task_id: str, *, cost: float | None = None) -> bool:
@@ -146,10 +145,7 @@ class PriorityRouter:
         units = cost_units(cost)
         self._no_inflight_batch()
         with self._engine.explicit("count", client):
-            tiered = self._engine.tiered()
-            pendings, stored = self._engine.counter.count(
-                client, count, units, tiered, self._engine.costs(units)
-            )
+            tiered, pendings, stored = self._engine.count_many(client, count, units)
         return [self._engine.decision(client, p, stored, tiered, units) for p in pendings]
 
     @contextlib.contextmanager
