@@ -216,14 +216,14 @@ class PublishReceiver:
     def _count_or_inherit(self, task_name: str, body: Any, headers: dict[str, Any]) -> Decision:
         client = self._client_id(task_name, body, headers)
         if headers.get("retries") and H.PRIORITY in headers:
-            inherited = _inherited_from_headers(headers, self._header)
+            inherited = self._inherited_from_headers(headers)
             if inherited is not None:
                 return inherited
         parent = self._parent_decision()
         if parent is not None and (client is None or client == parent.client_id):
             return parent
         if client is None:
-            inherited = _inherited_from_headers(headers, self._header)
+            inherited = self._inherited_from_headers(headers)
             if inherited is not None:
                 return inherited
             return Decision(None, None, self._default_priority, Reason.NO_CLIENT)
@@ -316,9 +316,7 @@ class PublishReceiver:
             properties["priority"] = wire
 
     def _counts(self, task_name: str) -> bool:
-        if self._patterns is None:
-            return True
-        return any(fnmatch.fnmatchcase(task_name, p) for p in self._patterns)
+        return self._patterns is None or any(fnmatch.fnmatchcase(task_name, p) for p in self._patterns)
 
     def _client_id(self, task_name: str, body: Any, headers: dict[str, Any]) -> str | None:
         client = normalize_client_id(headers.get(self._header))
@@ -335,29 +333,23 @@ class PublishReceiver:
         if parent is None:
             return None
         request = parent.request
-        priority = getattr(request, H.PRIORITY, None)
-        if not is_priority(priority):
-            return None
-        client = normalize_client_id(getattr(request, self._header, None))
-        pending = getattr(request, H.PENDING, None)
-        return Decision(client, pending if _is_count(pending) else None, priority, Reason.INHERITED)
+        return _inherited(
+            getattr(request, H.PRIORITY, None),
+            getattr(request, self._header, None),
+            getattr(request, H.PENDING, None),
+        )
+
+    def _inherited_from_headers(self, headers: dict[str, Any]) -> Decision | None:
+        return _inherited(headers.get(H.PRIORITY), headers.get(self._header), headers.get(H.PENDING))
 
 
-def _is_count(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _inherited_from_headers(headers: dict[str, Any], client_header: str) -> Decision | None:
-    priority = headers.get(H.PRIORITY)
+def _inherited(priority: object, client: object, pending: object) -> Decision | None:
+    """A parent's or an earlier attempt's decision, passed on; None without its priority."""
     if not is_priority(priority):
         return None
-    pending = headers.get(H.PENDING)
-    return Decision(
-        normalize_client_id(headers.get(client_header)),
-        pending if _is_count(pending) else None,
-        priority,
-        Reason.INHERITED,
-    )
+    if not isinstance(pending, int | float) or isinstance(pending, bool) or not math.isfinite(pending):
+        pending = None
+    return Decision(normalize_client_id(client), pending, priority, Reason.INHERITED)
 
 
 def _task_id(body: Any, headers: dict[str, Any]) -> object:
