@@ -119,13 +119,9 @@ def wanted_changes(
     not the user's choice."""
     applied = applied or {}
     green_redis = pool is not None and pool.green and transport is Transport.REDIS
-    changes = [
-        c
-        for c in (
-            _setting(app, "worker_prefetch_multiplier", 0 if green_redis else 1, applied),
-            _setting(app, "task_acks_late", True, applied),
-        )
-        if c is not None
+    changes: list[Change | None] = [
+        _setting(app, "worker_prefetch_multiplier", 0 if green_redis else 1, applied),
+        _setting(app, "task_acks_late", True, applied),
     ]
     if transport is Transport.REDIS:
         changes += _redis_options(app)
@@ -134,12 +130,11 @@ def wanted_changes(
             changes += _redis_connections(app, pool, applied)
     elif transport is Transport.AMQP:
         if pool is not None and pool.green:
-            heartbeat = _setting(app, "broker_heartbeat", 0, applied)
-            if heartbeat is not None:
-                changes.append(heartbeat)
+            changes.append(_setting(app, "broker_heartbeat", 0, applied))
         changes += _amqp_queues(app)
+    lacking = [c for c in changes if c is not None]
     namespace = getattr(app, "namespace", None)
-    return [replace(c, namespace=namespace) for c in changes] if namespace else changes
+    return [replace(c, namespace=namespace) for c in lacking] if namespace else lacking
 
 
 def _setting(app: Celery, key: str, wanted: object, applied: Mapping[str, object]) -> Change | None:
