@@ -35,31 +35,27 @@ def check_url(url: object) -> str:
             f"scheme {scheme!r} in {redact_url(url)} is not a Redis scheme",
             "use redis://, rediss:// (TLS), unix://, redis+sentinel:// or redis+cluster://",
         )
-    if scheme in CLUSTER_SCHEMES:
-        try:
-            cluster_parts(url)
-        except (ValueError, TypeError) as exc:
-            raise ConfigurationError(
-                "redis_url",
-                f"{redact_url(url)} cannot be used ({exc})",
-                "use redis+cluster://host:port[,host:port...] with numeric ports and no database "
-                "(Redis Cluster has only database 0), e.g. redis+cluster://10.0.0.1:6379,10.0.0.2:6379",
-            ) from None
-        return url
     try:
-        if scheme in SENTINEL_SCHEMES:
+        if scheme in CLUSTER_SCHEMES:
+            cluster_parts(url)
+        elif scheme in SENTINEL_SCHEMES:
             sentinel_parts(url)
         else:
             _check_direct(url, scheme)
     except (ValueError, TypeError) as exc:
-        raise ConfigurationError(
-            "redis_url",
-            f"{redact_url(url)} cannot be used ({exc})",
-            "use redis+sentinel://host:26379[,host:26379...]/service_name/db with numeric ports and "
-            "database, e.g. redis+sentinel://10.0.0.1:26379,10.0.0.2:26379/mymaster/0"
-            if scheme in SENTINEL_SCHEMES
-            else "use redis://host:port/db with a numeric port and database number, e.g. redis://localhost:6379/0",
-        ) from None
+        if scheme in CLUSTER_SCHEMES:
+            fix = (
+                "use redis+cluster://host:port[,host:port...] with numeric ports and no database "
+                "(Redis Cluster has only database 0), e.g. redis+cluster://10.0.0.1:6379,10.0.0.2:6379"
+            )
+        elif scheme in SENTINEL_SCHEMES:
+            fix = (
+                "use redis+sentinel://host:26379[,host:26379...]/service_name/db with numeric ports and "
+                "database, e.g. redis+sentinel://10.0.0.1:26379,10.0.0.2:26379/mymaster/0"
+            )
+        else:
+            fix = "use redis://host:port/db with a numeric port and database number, e.g. redis://localhost:6379/0"
+        raise ConfigurationError("redis_url", f"{redact_url(url)} cannot be used ({exc})", fix) from None
     return url
 
 
