@@ -98,11 +98,7 @@ def pool_of_stats(stats: Mapping[str, Any]) -> WorkerPool | None:
     implementation = reported.get("implementation")
     if not isinstance(implementation, str):
         return None
-    alias = next(
-        (a for a, path in concurrency.ALIASES.items() if path == implementation and a != "processes"),
-        implementation,
-    )
-    named = pool_named(alias, reported.get("max-concurrency"))
+    named = pool_named(_alias(implementation) or implementation, reported.get("max-concurrency"))
     scaler = stats.get("autoscaler") or {}
     return _autoscaled(named, (scaler.get("max"), scaler.get("min"))) if scaler else named
 
@@ -112,11 +108,16 @@ def _identify(pool: object) -> tuple[str, bool]:
         if pool in concurrency.ALIASES:
             return ("prefork" if pool == "processes" else pool), pool in GREEN
         pool = concurrency.get_implementation(pool)
-    path = f"{getattr(pool, '__module__', '')}:{getattr(pool, '__qualname__', '')}"
-    for alias, target in concurrency.ALIASES.items():
-        if target == path and alias != "processes":
-            return alias, alias in GREEN
+    alias = _alias(f"{getattr(pool, '__module__', '')}:{getattr(pool, '__qualname__', '')}")
+    if alias is not None:
+        return alias, alias in GREEN
     return getattr(pool, "__qualname__", repr(pool)), bool(getattr(pool, "is_green", False))
+
+
+def _alias(path: str) -> str | None:
+    """Celery's alias of the pool class at ``module:Class`` ``path`` ("prefork", not its old
+    "processes"), None for a pool Celery does not name."""
+    return next((a for a, target in concurrency.ALIASES.items() if target == path and a != "processes"), None)
 
 
 def _concurrency(value: object) -> int:
