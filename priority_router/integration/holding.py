@@ -88,7 +88,8 @@ class Held:
 
     def put_back(self) -> None:
         """Leave it held, at the front of its holding queue."""
-        self.holding._put_back(self.message)
+        with self.holding._using():
+            self.message.reject(requeue=True)
 
 
 class Holding:
@@ -293,10 +294,6 @@ class Holding:
                 retry=False,
                 **kept,
             )
-
-    def _put_back(self, message: Any) -> None:
-        with self._using():
-            message.reject(requeue=True)
 
 
 def _reopened_after_404(exc: Exception, holding: Holding) -> bool:
