@@ -446,9 +446,8 @@ class GateThread(Periodic):
     def _release_due(self, limits: Snapshot) -> None:
         store = self.gate.store
         for client, seen in store.due():
-            _, verdict = self.gate.release(
-                client, limits.of(client), store.end(client, "", limits.of(client))
-            )
+            own = limits.of(client)
+            _, verdict = self.gate.release(client, own, store.end(client, "", own))
             store.swept(client, seen, verdict)
 
     def _lend(self, limits: Snapshot) -> None:
