@@ -155,10 +155,8 @@ NAMED_TABLES = {"default": DEFAULT_THRESHOLDS, "wide": WIDE_THRESHOLDS}
 def table_name(policy: Policy) -> str:
     """How a table is shown: its name (``default``, ``wide``), else its rows as
     ``--thresholds`` and ``PRIORITY_ROUTER_THRESHOLDS`` take them."""
-    for name, table in NAMED_TABLES.items():
-        if policy == table:
-            return name
-    return rows_text(policy)
+    named = (name for name, table in NAMED_TABLES.items() if policy == table)
+    return next(named, None) or rows_text(policy)
 
 
 def rows_text(policy: Policy) -> str:
