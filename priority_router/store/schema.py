@@ -122,6 +122,4 @@ class StoreSchema:
             pipe.set(self.key, SCHEMA, nx=True)
             pipe.get(self.key)
             _, found = pipe.execute()
-        if isinstance(found, bytes):
-            return found.decode(errors="replace")
-        return str(found)
+        return found.decode(errors="replace") if isinstance(found, bytes) else str(found)
