@@ -37,8 +37,7 @@ def normalize_client_id(value: object) -> str | None:
         value = repr(value)
     if not isinstance(value, str):
         return None
-    value = value.strip()
-    return value or None
+    return value.strip() or None
 
 
 @lru_cache(maxsize=4096)
