@@ -52,6 +52,7 @@ from .flower import annotate_held
 from .holding import Held, Holding, HoldingUnavailable
 from .installation import installed_engine
 from .periodic import Periodic
+from .starvation import consumed_queues
 
 if TYPE_CHECKING:
     from ..engine import Engine
@@ -408,6 +409,7 @@ class GateThread(Periodic):
         self.router = router
         self.gate = gate_of(app, router)
         self._consumer = consumer
+        self._queues = consumed_queues(consumer)
         self._concurrency = concurrency
         self._renewed = 0.0
         self._looked = 0.0
@@ -468,12 +470,6 @@ class GateThread(Periodic):
     def _pool_size(self) -> int:
         """The pool's processes now (an autoscaled pool grows and shrinks)."""
         return celery_internals.pool_size(self._consumer) or self._concurrency
-
-    def _queues(self) -> list[str]:
-        task_consumer = getattr(self._consumer, "task_consumer", None)
-        if task_consumer is not None:
-            return [q.name for q in task_consumer.queues]
-        return list(self.app.amqp.queues.consume_from)
 
 
 def gated_requests(router: Engine) -> dict[str, list[str]]:
