@@ -185,11 +185,8 @@ class Holding:
                     if message is None:
                         break
                     messages.append(message)
-            clients: list[str] = []
-            for message in messages:
-                client = _client_of_entry(message.body)
-                if client is not None and client not in clients:
-                    clients.append(client)
+            named = (_client_of_entry(message.body) for message in messages)
+            clients = [client for client in dict.fromkeys(named) if client is not None]
 
             def keep(still: list[str]) -> None:
                 with self._using() as channel:
