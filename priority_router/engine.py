@@ -290,9 +290,8 @@ class Engine:
         return self._ends_only
 
     def _owe(self, end: tuple[str, str, int | None]) -> None:
-        if not self._owed.add(end):
-            self.warn_once(
-                "owed-ends",
+        if not self._owed.add(end) and self._first_time("warning", "owed-ends"):
+            logger.error(
                 "priority-router: more than %d documents' ends could not reach the counter store; the "
                 "oldest are forgotten (their clients' counts come back at the idle reset)",
                 MAX_OWED,
@@ -300,11 +299,6 @@ class Engine:
         self._owed.retry_every(self.config.cooldown, self.retry_ends_quietly)
 
     # -- saying things once, and the store's errors ---------------------------------------
-
-    def warn_once(self, key: str, message: str, *args: object) -> None:
-        """Log ``message`` as an ERROR the first time ``key`` is given."""
-        if self._first_time("warning", key):
-            logger.error(message, *args)
 
     def _first_time(self, kind: str, key: object) -> bool:
         """Whether ``key`` is new among those said of ``kind`` (at most 1000 kept per kind)."""
