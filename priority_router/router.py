@@ -177,11 +177,9 @@ class PriorityRouter:
     def peek(self, client_id: object) -> Decision:
         """The client's current pending count and priority, without counting."""
         state = self.state(client_id)
-        stored = None
         with self._engine.explicit("read the tier of", state.client_id, reads_only=True):
             tiered = self._engine.tiered()
-            if tiered:
-                stored = self._engine.tier_store.stored(state.client_id)
+            stored = self._engine.tier_store.stored(state.client_id) if tiered else None
         return self._engine.decision(state.client_id, state.pending, stored, tiered)
 
     def reset(self, client_id: object) -> bool:
@@ -261,9 +259,7 @@ class PriorityRouter:
         client = self._client(client_id)
         with self._engine.explicit("read the tier of", client, reads_only=True):
             tier = self._engine.tier_store.get(client)
-            if tier is None:
-                return None
-            return tier.with_limits(self._engine.limit_store.get(client) or NONE)
+            return None if tier is None else tier.with_limits(self._engine.limit_store.get(client) or NONE)
 
     def limits(self, client_id: object) -> Limits:
         """The limits workers apply to ``client_id`` now: its own tier's, else the default's."""
