@@ -95,13 +95,7 @@ class Tier:
     def describe(self) -> str:
         """For people, headers and logs: ``weight=2 shift=-1``, ``fixed=1 max_in_flight=3``,
         ``neutral``."""
-        priority = (
-            self.encode()
-            .replace("w=", "weight=")
-            .replace("s=", "shift=")
-            .replace("f=", "fixed=")
-            .replace(";", " ")
-        )
+        priority = " ".join(_NAMES[part[0]] + part[1:] for part in self.encode().split(";") if part)
         return " ".join(filter(None, (priority, self.limits.describe()))) or "neutral"
 
     def with_limits(self, limits: Limits) -> Tier:
@@ -116,6 +110,10 @@ class Tier:
     def as_dict(self) -> dict[str, object]:
         """The tier as the keywords of ``set_tier`` (``--json`` output)."""
         return {"weight": self.weight, "shift": self.shift, "fixed": self.fixed, **self.limits.as_dict()}
+
+
+#: The stored form's codes, by the name ``describe`` shows.
+_NAMES = {"w": "weight", "s": "shift", "f": "fixed"}
 
 
 @lru_cache(maxsize=1024)
