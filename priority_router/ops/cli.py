@@ -30,7 +30,6 @@ from rich.table import Table
 from ..errors import ConfigurationError, CounterUnavailable, PriorityRouterError
 from ..redact import redact_url
 from ..router import PriorityRouter, engine_of, installed_router
-from ..store.connection import store_error
 from ..store.counter import Counter, CounterState
 from ..store.gate import describe_held, held_by
 from ..store.inflight import InflightCounter
@@ -42,6 +41,7 @@ from .cli_context import (
     Context,
     app_name_of,
     app_option,
+    cannot_read,
     console,
     emit_json,
     fail,
@@ -104,7 +104,7 @@ def status(ctx: click.Context, as_json: bool, app_name: str | None, limit: int |
             for r in rows:
                 r["gate"] = _gate_row(router, r["client_id"])
     except Exception as exc:
-        fail(f"cannot read {redact_url(router.config.redis_url)}: {store_error(exc)}")
+        fail(cannot_read(router, exc))
     rows.sort(key=lambda r: (r["priority"], -r["pending"], r["client_id"]))
     tracked = len(rows)
     saturated = saturation(router.policy, ((r["client_id"], r["pending"]) for r in rows if r["tracked"]))
@@ -187,7 +187,7 @@ def inspect(ctx: click.Context, client: str, as_json: bool, app_name: str | None
     except ValueError as exc:
         fail(str(exc), 2)
     except Exception as exc:
-        fail(f"cannot read {redact_url(router.config.redis_url)}: {store_error(exc)}")
+        fail(cannot_read(router, exc))
     row = _row(router, state)
     row["key"] = state.key
     try:

@@ -20,7 +20,8 @@ from ..config import MODES, RouterConfig
 from ..errors import ConfigurationError
 from ..integration.install import settings_error
 from ..redact import redact_url
-from ..router import PriorityRouter, installed_router
+from ..router import PriorityRouter, engine_of, installed_router
+from ..store.connection import failing_nodes, store_error
 
 console = Console()
 
@@ -65,6 +66,14 @@ class Context:
 def operator_router(config: RouterConfig) -> PriorityRouter:
     # An operator's command may wait longer for Redis than a publish does.
     return PriorityRouter.from_config(dataclasses.replace(config, connect_timeout=2.0, socket_timeout=5.0))
+
+
+def cannot_read(router: PriorityRouter, exc: Exception) -> str:
+    """Why the counter store could not be read, naming the nodes a cluster flags as failing
+    (a cluster's own error, "The cluster is down", names none)."""
+    failing = failing_nodes(engine_of(router).redis)
+    flagged = f"; the cluster marks {', '.join(failing)}" if failing else ""
+    return f"cannot read {redact_url(router.config.redis_url)}: {store_error(exc)}{flagged}"
 
 
 def fail(message: str, code: int = 1) -> NoReturn:

@@ -54,7 +54,7 @@ from ..limits import Limits
 from ..redact import redact_url
 from ..router import PriorityRouter, engine_of, installed_router
 from ..store.client_ids import glob_escape
-from ..store.connection import SENTINEL_FIX, is_cluster, store_error
+from ..store.connection import SENTINEL_FIX, failing_nodes, is_cluster, store_error
 from ..store.gate import GateState
 from ..store.schema import SCHEMA, SchemaMismatch
 from ..thresholds import table_name
@@ -514,7 +514,8 @@ def _check_counter(app: Celery, transport: Transport) -> Iterator[Finding]:
             "counter store",
             False,
             f"the counter store at {where} does not answer ({store_error(exc)}), so every "
-            f"document is published at default_priority={router.config.default_priority}",
+            f"document is published at default_priority={router.config.default_priority}"
+            + "".join(f"; the cluster marks {node}" for node in failing_nodes(engine_of(router).redis)),
             SENTINEL_FIX
             if isinstance(exc, MasterNotFoundError)
             else "start Redis there, or point redis_url / PRIORITY_ROUTER_REDIS_URL at one that answers",

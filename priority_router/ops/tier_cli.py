@@ -24,12 +24,12 @@ from ..limits import Limits
 from ..redact import redact_url
 from ..router import engine_of
 from ..store.client_ids import normalize_client_id
-from ..store.connection import store_error
 from ..store.limit_store import LIMITS_REFRESH
 from ..store.tier_store import DEFAULT_TIER_REFRESH
 from ..tiers import Tier
 from .cli_context import (
     TIERS_OFF_NOTE,
+    cannot_read,
     console,
     emit_json,
     fail,
@@ -236,7 +236,7 @@ def list_tiers(ctx: click.Context, as_json: bool, app_name: str | None) -> None:
         except ConfigurationError as exc:
             stored_default = exc
     except Exception as exc:
-        fail(f"cannot read {redact_url(router.config.redis_url)}: {store_error(exc)}")
+        fail(cannot_read(router, exc))
     default_row = None if stored_default is None else _tier_row(stored_default)
     if as_json:
         emit_json({"clients": rows, "default": default_row})

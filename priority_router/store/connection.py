@@ -93,6 +93,38 @@ def ping_every_master(client: redis.Redis) -> None:
         client.ping()
 
 
+def failing_nodes(client: object) -> list[str]:
+    """The nodes a cluster's members mark as failing (``fail`` or ``fail?`` in ``CLUSTER
+    NODES``), each as ``host:port (role) as failed``, asked of the first node that answers: what an
+    error such as "The cluster is down" leaves unnamed.  [] for one Redis, or when no node
+    answers (each error then names its node)."""
+    if not is_cluster(client):
+        return []
+    cluster = cast(RedisCluster, client)
+    for node in cluster.get_nodes():  # type: ignore[no-untyped-call, unused-ignore]
+        try:
+            table = cluster.get_redis_connection(node).execute_command("CLUSTER NODES")  # type: ignore[no-untyped-call, unused-ignore]
+        except redis.RedisError:
+            continue
+        return [
+            f"{address.split('@')[0]} ({'master' if 'master' in flags else 'replica'}) as "
+            + ("failed" if "fail" in flags else "possibly failed")
+            for address, flags in _node_flags(table)
+            if "fail" in flags or "fail?" in flags
+        ]
+    return []
+
+
+def _node_flags(table: object) -> list[tuple[str, list[str]]]:
+    # redis-py parses CLUSTER NODES into {address: {"flags": "master,fail", ...}}.
+    if isinstance(table, dict):
+        return [(str(address), str(node.get("flags", "")).split(",")) for address, node in table.items()]
+    text = table.decode() if isinstance(table, bytes) else str(table)
+    return [
+        (line.split()[1], line.split()[2].split(",")) for line in text.splitlines() if len(line.split()) > 2
+    ]
+
+
 class LazyCluster:
     """A :class:`~redis.cluster.RedisCluster` built at its first use, then used as itself.
 

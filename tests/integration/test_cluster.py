@@ -340,6 +340,33 @@ def test_counts_are_exact_in_both_modes_on_every_master(redis_cluster: LocalClus
 # -- resharding ----------------------------------------------------------------------------
 
 
+def test_a_failed_master_is_named_where_the_cluster_says_only_that_it_is_down(key_prefix: str) -> None:
+    """Found in a field trial: with a master stopped, `inspect` said "The cluster is down"
+    and `doctor` the same, naming no node.  They now name the nodes the cluster marks."""
+    require_cluster_programs()
+    with running_cluster(replicas=0) as cluster:
+        router = PriorityRouter(redis_url=cluster.url, key_prefix=key_prefix)
+        for n in range(10):
+            router.record(f"c{n}")
+        victim = cluster.nodes[1]
+        victim.process.send_signal(signal.SIGSTOP)
+        try:
+            named = f"127.0.0.1:{victim.port} (master) as "
+            deadline = time.monotonic() + 30
+            result = None
+            while time.monotonic() < deadline:
+                result = CliRunner().invoke(
+                    main, ["--redis-url", cluster.url, "--key-prefix", key_prefix, "inspect", "c1"]
+                )
+                if named + "failed" in result.output:
+                    break
+                time.sleep(0.5)
+            assert result is not None and result.exit_code == 1
+            assert f"the cluster marks {named}failed" in result.output, result.output
+        finally:
+            victim.process.send_signal(signal.SIGCONT)
+
+
 def test_a_resharded_slot_is_followed_without_losing_a_count(key_prefix: str) -> None:
     """Every step of moving a client's slot to another master, as ``redis-cli --cluster
     reshard`` takes them, with publishes between them: the seed mode keeps counting through
