@@ -101,10 +101,14 @@ def failing_nodes(client: object) -> list[str]:
     if not is_cluster(client):
         return []
     cluster = cast(RedisCluster, client)
-    for node in cluster.get_nodes():  # type: ignore[no-untyped-call, unused-ignore]
+    try:
+        nodes = cluster.get_nodes()  # type: ignore[no-untyped-call, unused-ignore]
+    except (redis.RedisError, RedisClusterException):
+        return []  # no node answers at all: the client's own error names those it tried
+    for node in nodes:
         try:
             table = cluster.get_redis_connection(node).execute_command("CLUSTER NODES")  # type: ignore[no-untyped-call, unused-ignore]
-        except redis.RedisError:
+        except (redis.RedisError, RedisClusterException):
             continue
         return [
             f"{address.split('@')[0]} ({'master' if 'master' in flags else 'replica'}) as "
