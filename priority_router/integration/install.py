@@ -65,12 +65,13 @@ from .green_restore import start_unacked_sweep
 from .installation import ATTRIBUTE, Installation, installation_of
 from .old_kombu import FIX, shortfalls, watch_old_kombu
 from .pools import pool_of_options, pool_of_worker
-from .publish import PublishReceiver, mistyped_tasks
+from .publish import PublishReceiver, mistyped_tasks, own_tasks
 from .publisher_pause import PublishPause
 from .rabbitmq import (
     QUORUM_PRIORITIES,
     check_worker_queues,
     demote_to_fifo,
+    follow_priority_queue,
     follow_priority_queues,
     quorum_queue_names,
     quorum_queues_are,
@@ -306,7 +307,10 @@ def _redeclares(app: Celery, queue: str) -> bool:
     """Whether a publish RabbitMQ refused over ``queue``'s ``x-max-priority`` is sent again,
     the queue declared as it exists (a router in dry run only follows a priority queue)."""
     installation = installation_of(app)
-    return installation is not None and demote_to_fifo(app, queue, installation.engine.config.dry_run)
+    if installation is None:
+        return False
+    redeclare = follow_priority_queue if installation.engine.config.dry_run else demote_to_fifo
+    return redeclare(app, queue)
 
 
 def _unroutable(app: Celery, receiver: PublishReceiver, exc: ConfigurationError) -> None:
@@ -401,15 +405,15 @@ def _say_started(app: Celery, installation: Installation, transport: Transport) 
         conf.task_acks_late,
         shown,
     )
-    registered = sorted(name for name in app.tasks if not name.startswith("celery."))
-    for pattern, name in mistyped_tasks(config.tasks, registered).items():
-        logger.warning(
-            "priority-router counts no document of task %s: the tasks setting's %r matches no task of "
-            "this worker. Fix: correct the pattern (task names or globs, docs/configuration.md); an "
-            "uncounted document keeps the priority plain Celery gives it",
-            name,
-            pattern,
-        )
+    if config.tasks:
+        for pattern, name in mistyped_tasks(config.tasks, own_tasks(app)).items():
+            logger.warning(
+                "priority-router counts no document of task %s: the tasks setting's %r matches no task of "
+                "this worker. Fix: correct the pattern (task names or globs, docs/configuration.md); an "
+                "uncounted document keeps the priority plain Celery gives it",
+                name,
+                pattern,
+            )
     lacking = shortfalls(transport, installation.pool)
     if lacking:
         logger.warning(

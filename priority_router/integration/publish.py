@@ -52,6 +52,11 @@ logger = logging.getLogger("priority_router")
 MAX_HEADER_ID = 1024
 
 
+def own_tasks(app: Celery) -> list[str]:
+    """The names of the tasks ``app`` registers, Celery's own (``celery.*``) left out."""
+    return sorted(name for name in app.tasks if not name.startswith("celery."))
+
+
 def mistyped_tasks(patterns: tuple[str, ...] | None, registered: list[str]) -> dict[str, str]:
     """The ``tasks`` patterns that match none of ``registered`` but are close to one of
     them, each with that name: a typo, which silently leaves the task uncounted.  A pattern

@@ -7,10 +7,11 @@ and refuses to redeclare an existing queue with other arguments
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import shlex
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from celery import Celery
@@ -203,7 +204,7 @@ def fifo_queue_in(exc: BaseException) -> str | None:
     return match.group("queue") if match else None
 
 
-def demote_to_fifo(app: Celery, queue_name: str, dry_run: bool = False) -> bool:
+def demote_to_fifo(app: Celery, queue_name: str) -> bool:
     """Declare ``queue_name`` as it exists (no ``x-max-priority``) from now on, so
     publishing to it keeps working; say once, loudly, that it serves FIFO.  False when
     no declaration of this app's can publish to it: the app declares a quorum queue where
@@ -211,15 +212,9 @@ def demote_to_fifo(app: Celery, queue_name: str, dry_run: bool = False) -> bool:
 
     A queue this app already declares without ``x-max-priority`` is refused for the other
     reason: it has become a priority queue since (``priority-router migrate --to
-    router``, or a router switched on before this one's dry run), so the app declares it
-    with ``x-max-priority`` again.  That is all a router in ``dry_run`` does here: any other
-    refusal fails as in plain Celery."""
+    router``), so the app declares it with ``x-max-priority`` again."""
     queue = app.amqp.queues.get(queue_name)
-    if dry_run and (queue is None or "x-max-priority" in (queue.queue_arguments or {}) or queue.max_priority):
-        return False
     if queue is not None and is_quorum(queue):
-        if dry_run:
-            return False
         if (id(app), queue_name) not in _demoted:
             _demoted.add((id(app), queue_name))
             detail = "PRECONDITION_FAILED on publish: a classic priority queue, declared here as quorum"
@@ -229,26 +224,16 @@ def demote_to_fifo(app: Celery, queue_name: str, dry_run: bool = False) -> bool:
             )
         return False
     if queue is not None:
-        args = dict(queue.queue_arguments or {})
-        if "x-max-priority" not in args and queue.max_priority is None:
-            queue.queue_arguments = {**args, "x-max-priority": AMQP_MAX_PRIORITY}
+        if _declared_plain(queue):
+            _declare_as_priority_queue(queue)
             _demoted.discard((id(app), queue_name))
-            if dry_run:
-                logger.warning(
-                    "priority-router dry run: queue %r is a priority queue on RabbitMQ (a router "
-                    "switched on made it one) and refuses plain Celery's declaration, so this app "
-                    "declares it with x-max-priority=%d from now on; its dry-run documents carry "
-                    "plain Celery's priority",
-                    queue_name,
-                    AMQP_MAX_PRIORITY,
-                )
-                return True
             logger.info(
                 "priority-router: queue %r is a priority queue again; its documents are served by "
                 "priority from now on",
                 queue_name,
             )
             return True
+        args = dict(queue.queue_arguments or {})
         args.pop("x-max-priority", None)
         queue.queue_arguments = args or None
         queue.max_priority = None
@@ -260,6 +245,33 @@ def demote_to_fifo(app: Celery, queue_name: str, dry_run: bool = False) -> bool:
             QueueNotPriorityError(queue_name, "PRECONDITION_FAILED on publish", vhost_of(app)),
         )
     return True
+
+
+def follow_priority_queue(app: Celery, queue_name: str) -> bool:
+    """A router in dry run: declare ``queue_name`` with ``x-max-priority`` from now on when
+    the app declares it plain and RabbitMQ refused that, since a router switched on made it
+    a priority queue (said once); False for any other refusal, which fails as in plain
+    Celery."""
+    queue = app.amqp.queues.get(queue_name)
+    if queue is None or is_quorum(queue) or not _declared_plain(queue):
+        return False
+    _declare_as_priority_queue(queue)
+    logger.warning(
+        "priority-router dry run: queue %r is a priority queue on RabbitMQ (a router switched on "
+        "made it one) and refuses plain Celery's declaration, so this app declares it with "
+        "x-max-priority=%d from now on; its dry-run documents carry plain Celery's priority",
+        queue_name,
+        AMQP_MAX_PRIORITY,
+    )
+    return True
+
+
+def _declared_plain(queue: Any) -> bool:
+    return "x-max-priority" not in (queue.queue_arguments or {}) and queue.max_priority is None
+
+
+def _declare_as_priority_queue(queue: Any) -> None:
+    queue.queue_arguments = {**(queue.queue_arguments or {}), "x-max-priority": AMQP_MAX_PRIORITY}
 
 
 def verify_priority_queues(
@@ -277,23 +289,21 @@ def verify_priority_queues(
     with app.connection_for_write() as conn:
         vhost = str(conn.virtual_host or "/")
         for queue in app.amqp.queues.values() if queues is None else queues:
-            channel = conn.channel()
-            try:
-                if not create:
+            if not create:
+                with channel_of(conn) as channel:
                     try:
                         channel.queue_declare(queue=queue.name, passive=True)
                     except NotFound:
                         continue
-                    channel = conn.channel()  # a failed passive declare closes the channel
-                queue.bind(channel).declare()
-            except PreconditionFailed as exc:
-                refused.append(queue.name)
-                detail = detail or str(exc)
-                # RabbitMQ names the first argument that differs, often x-max-priority.
-                other_type = other_type or is_quorum(queue) or "'x-queue-type'" in str(exc)
-                continue
-            finally:
-                _close(channel)
+            with channel_of(conn) as channel:
+                try:
+                    queue.bind(channel).declare()
+                except PreconditionFailed as exc:
+                    refused.append(queue.name)
+                    detail = detail or str(exc)
+                    # RabbitMQ names the first argument that differs, often x-max-priority.
+                    other_type = other_type or is_quorum(queue) or "'x-queue-type'" in str(exc)
+                    continue
             checked.append(queue.name)
     if refused:
         raise QueueNotPriorityError(refused, detail, vhost, other_type)
@@ -309,27 +319,30 @@ def rabbitmq_version(app: Celery) -> tuple[int, ...] | None:
 
 def follow_priority_queues(app: Celery) -> None:
     """At a worker's start in dry run: each queue it consumes that a router switched on
-    made a priority queue is declared as it exists (:func:`demote_to_fifo`), since RabbitMQ
-    refuses plain Celery's declaration of it and the worker would stop on that."""
+    made a priority queue is declared as it exists (:func:`follow_priority_queue`), since
+    RabbitMQ refuses plain Celery's declaration of it and the worker would stop on that."""
     from amqp.exceptions import PreconditionFailed
 
     with app.connection_for_write() as conn:
         for queue in list(app.amqp.queues.consume_from.values()):
-            channel = conn.channel()
-            try:
-                queue.bind(channel).declare()
-            except PreconditionFailed as exc:
-                if fifo_queue_in(exc) == queue.name:
-                    demote_to_fifo(app, queue.name, dry_run=True)
-            finally:
-                _close(channel)
+            with channel_of(conn) as channel:
+                try:
+                    queue.bind(channel).declare()
+                except PreconditionFailed as exc:
+                    if fifo_queue_in(exc) == queue.name:
+                        follow_priority_queue(app, queue.name)
 
 
-def _close(channel: Any) -> None:
+@contextlib.contextmanager
+def channel_of(conn: Any) -> Iterator[Any]:
+    """A channel of its own on ``conn`` for one step: a refused declaration closes the channel
+    it was made on, so closing it again at the end may fail, and that is no error."""
+    channel = conn.channel()
     try:
-        channel.close()
-    except Exception:
-        logger.debug("closing a channel after a failed declare", exc_info=True)
+        yield channel
+    finally:
+        with contextlib.suppress(Exception):
+            channel.close()
 
 
 def check_worker_queues(app: Celery) -> None:

@@ -8,7 +8,8 @@ Why it exists:
 - RabbitMQ refuses to publish to a queue that exists without ``x-max-priority`` when
   the app declares it with one, and the other way round (``PRECONDITION_FAILED``).
   ``redeclares(app, queue)`` then declares the queue as it exists, if it can, and the
-  wrapper sends the document once more (see ``rabbitmq.demote_to_fifo``); otherwise the
+  wrapper sends the document once more (``rabbitmq.demote_to_fifo``, or in dry run
+  ``rabbitmq.follow_priority_queue``); otherwise the
   refusal reaches the caller as in plain Celery.
 - A send that raises (a broker refusing the connection or the queue) counted its document
   all the same, in ``before_task_publish``; ``unsent(app, message)`` is called before the

@@ -21,7 +21,7 @@ from ..errors import ConfigurationError
 from ..integration.install import settings_error
 from ..redact import redact_url
 from ..router import PriorityRouter, engine_of, installed_router
-from ..store.connection import failing_nodes, store_error
+from ..store.connection import failing_nodes_note, store_error
 
 console = Console()
 
@@ -71,9 +71,8 @@ def operator_router(config: RouterConfig) -> PriorityRouter:
 def cannot_read(router: PriorityRouter, exc: Exception) -> str:
     """Why the counter store could not be read, naming the nodes a cluster flags as failing
     (a cluster's own error, "The cluster is down", names none)."""
-    failing = failing_nodes(engine_of(router).redis)
-    flagged = f"; the cluster marks {', '.join(failing)}" if failing else ""
-    return f"cannot read {redact_url(router.config.redis_url)}: {store_error(exc)}{flagged}"
+    failing = failing_nodes_note(engine_of(router).redis)
+    return f"cannot read {redact_url(router.config.redis_url)}: {store_error(exc)}{failing}"
 
 
 def fail(message: str, code: int = 1) -> NoReturn:

@@ -35,12 +35,13 @@ from ..integration.install import STOPGAP, applied_settings, settings_error, set
 from ..integration.old_kombu import FIX as KOMBU_FIX
 from ..integration.old_kombu import shortfalls
 from ..integration.pools import WorkerPool, pool_named, pool_of_stats
-from ..integration.publish import mistyped_tasks
+from ..integration.publish import mistyped_tasks, own_tasks
 from ..integration.rabbitmq import (
     QUORUM_DETECTION_FIX,
     QUORUM_WITHOUT_DETECTION,
     QueueNotPriorityError,
     celery_consumes_quorum,
+    channel_of,
     classic_fix,
     is_quorum,
     quorum_note,
@@ -54,12 +55,12 @@ from ..limits import Limits
 from ..redact import redact_url
 from ..router import PriorityRouter, engine_of, installed_router
 from ..store.client_ids import glob_escape
-from ..store.connection import SENTINEL_FIX, failing_nodes, is_cluster, store_error
+from ..store.connection import SENTINEL_FIX, failing_nodes_note, is_cluster, store_error
 from ..store.gate import GateState
 from ..store.schema import SCHEMA, SchemaMismatch
 from ..thresholds import table_name
 from .queues import unpriced_waiting
-from .rabbitmq_queue import channel_of, passive
+from .rabbitmq_queue import passive
 from .saturation import describe as describe_saturation
 from .saturation import saturation
 
@@ -515,7 +516,7 @@ def _check_counter(app: Celery, transport: Transport) -> Iterator[Finding]:
             False,
             f"the counter store at {where} does not answer ({store_error(exc)}), so every "
             f"document is published at default_priority={router.config.default_priority}"
-            + "".join(f"; the cluster marks {node}" for node in failing_nodes(engine_of(router).redis)),
+            + failing_nodes_note(engine_of(router).redis),
             SENTINEL_FIX
             if isinstance(exc, MasterNotFoundError)
             else "start Redis there, or point redis_url / PRIORITY_ROUTER_REDIS_URL at one that answers",
@@ -618,7 +619,7 @@ def _check_tasks(app: Celery, transport: Transport) -> Iterator[Finding]:
     patterns = None if router is None else router.config.tasks
     if patterns is None:
         return
-    registered = sorted(name for name in app.tasks if not name.startswith("celery."))
+    registered = own_tasks(app)
     mistyped = mistyped_tasks(patterns, registered)
     if mistyped:
         missed = (f"{name} ({pattern!r} matches no task of this app)" for pattern, name in mistyped.items())

@@ -39,6 +39,7 @@ from .. import headers as H
 from ..errors import ConfigurationError
 from ..integration.brokers import Transport, to_wire
 from ..integration.publisher_pause import GRACE, Mark, MigrationMark
+from ..integration.rabbitmq import channel_of
 from ..redact import redact_url
 from ..router import installed_router
 from ..store.connection import make_client
@@ -53,7 +54,6 @@ from .rabbitmq_queue import (
     QueueSpec,
     State,
     accepts,
-    channel_of,
     lock,
     passive,
     queue_spec,

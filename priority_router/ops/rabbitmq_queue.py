@@ -20,7 +20,7 @@ from celery import Celery
 
 from ..errors import ConfigurationError, PriorityRouterError
 from ..integration.brokers import AMQP_MAX_PRIORITY, Transport, to_wire
-from ..integration.rabbitmq import is_quorum, vhost_of
+from ..integration.rabbitmq import channel_of, is_quorum, vhost_of
 from ..router import installed_router
 from .migration import Target
 
@@ -204,18 +204,6 @@ def accepts(conn: Any, queue: Any) -> bool:
         except PreconditionFailed:
             return False
     return True
-
-
-@contextlib.contextmanager
-def channel_of(conn: Any) -> Iterator[Any]:
-    """A channel of its own on ``conn`` for one step: a refused declaration closes the channel
-    it was made on, so closing it again at the end may fail, and that is no error."""
-    channel = conn.channel()
-    try:
-        yield channel
-    finally:
-        with contextlib.suppress(Exception):
-            channel.close()
 
 
 @contextlib.contextmanager

@@ -93,30 +93,32 @@ def ping_every_master(client: redis.Redis) -> None:
         client.ping()
 
 
-def failing_nodes(client: object) -> list[str]:
-    """The nodes a cluster's members mark as failing (``fail`` or ``fail?`` in ``CLUSTER
-    NODES``), each as ``host:port (role) as failed``, asked of the first node that answers: what an
-    error such as "The cluster is down" leaves unnamed.  [] for one Redis, or when no node
-    answers (each error then names its node)."""
+def failing_nodes_note(client: object) -> str:
+    """``"; the cluster marks host:port (master) as failed, ..."``: the nodes a cluster's
+    members mark as failing (``fail`` or ``fail?`` in ``CLUSTER NODES``), asked of the first
+    node that answers, for an error such as "The cluster is down", which names none.  Empty
+    for one Redis, for a cluster that marks none, or when no node answers (each error then
+    names its node)."""
     if not is_cluster(client):
-        return []
+        return ""
     cluster = cast(RedisCluster, client)
     try:
         nodes = cluster.get_nodes()  # type: ignore[no-untyped-call, unused-ignore]
     except (redis.RedisError, RedisClusterException):
-        return []  # no node answers at all: the client's own error names those it tried
+        return ""  # no node answers at all: the client's own error names those it tried
     for node in nodes:
         try:
             table = cluster.get_redis_connection(node).execute_command("CLUSTER NODES")  # type: ignore[no-untyped-call, unused-ignore]
         except (redis.RedisError, RedisClusterException):
             continue
-        return [
+        failing = [
             f"{address.split('@')[0]} ({'master' if 'master' in flags else 'replica'}) as "
             + ("failed" if "fail" in flags else "possibly failed")
             for address, flags in _node_flags(table)
             if "fail" in flags or "fail?" in flags
         ]
-    return []
+        return f"; the cluster marks {', '.join(failing)}" if failing else ""
+    return ""
 
 
 def _node_flags(table: object) -> list[tuple[str, list[str]]]:
@@ -124,9 +126,8 @@ def _node_flags(table: object) -> list[tuple[str, list[str]]]:
     if isinstance(table, dict):
         return [(str(address), str(node.get("flags", "")).split(",")) for address, node in table.items()]
     text = table.decode() if isinstance(table, bytes) else str(table)
-    return [
-        (line.split()[1], line.split()[2].split(",")) for line in text.splitlines() if len(line.split()) > 2
-    ]
+    rows = [line.split() for line in text.splitlines()]
+    return [(row[1], row[2].split(",")) for row in rows if len(row) > 2]
 
 
 class LazyCluster:

@@ -18,7 +18,7 @@ from test_receiver import _RunningTask, publish
 from priority_router import ConfigurationError, PriorityRouter, RouterConfig
 from priority_router import headers as H
 from priority_router.integration.consumers import ConsumerWatch
-from priority_router.integration.rabbitmq import demote_to_fifo
+from priority_router.integration.rabbitmq import follow_priority_queue
 from priority_router.metrics import get_metrics
 
 REDIS_BROKER = "redis://127.0.0.1:1/0"
@@ -153,13 +153,13 @@ def test_a_dry_run_sender_follows_a_priority_queue_and_leaves_other_refusals_to_
     dry_router().install(app)
     queues = app.amqp.queues
     # Refused because it exists as a priority queue (a router switched on made it one): followed.
-    assert demote_to_fifo(app, "plain", dry_run=True)
+    assert follow_priority_queue(app, "plain")
     assert queues["plain"].queue_arguments == {"x-max-priority": 10}
     # Refused because it exists without x-max-priority, or as another type: plain Celery's error.
-    assert not demote_to_fifo(app, "declared", dry_run=True)
+    assert not follow_priority_queue(app, "declared")
     assert queues["declared"].queue_arguments == {"x-max-priority": 10}
-    assert not demote_to_fifo(app, "replicated", dry_run=True)
-    assert not demote_to_fifo(app, "undeclared", dry_run=True)
+    assert not follow_priority_queue(app, "replicated")
+    assert not follow_priority_queue(app, "undeclared")
 
 
 def test_publishers_do_not_look_for_blind_workers() -> None:
