@@ -9,6 +9,7 @@ every document runs once."""
 from __future__ import annotations
 
 import itertools
+import os
 import random
 import shutil
 import subprocess
@@ -20,7 +21,7 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
-from support.services import LoggedProcess, Worker, running_worker, worker_command
+from support.services import IN_CI, LoggedProcess, Worker, running_worker, worker_command
 
 from priority_router import PriorityRouter
 from priority_router.demo.local_redis import EmbeddedRedis, start_embedded_redis
@@ -72,10 +73,22 @@ class HostedWorker(Worker):
         LoggedProcess.__init__(self, ["ip", "netns", "exec", host.name, *worker_command(*args)], env)
 
 
+def _partition_needs() -> str | None:
+    """What this machine lacks to cut a worker off the store, or None."""
+    lacking = [name for name in ("ip", "iptables") if shutil.which(name) is None]
+    if lacking:
+        return f"{' and '.join(lacking)} (Debian: iproute2, iptables)"
+    if os.geteuid() != 0:
+        return "root, to make a network namespace (ip netns add)"
+    return None
+
+
 @pytest.fixture
 def host() -> Iterator[Host]:
-    if shutil.which("ip") is None or shutil.which("iptables") is None:
-        pytest.fail("the partition test needs iproute2 and iptables (Debian: iproute2, iptables)")
+    missing = _partition_needs()
+    if missing is not None:
+        # CI installs what this needs (.ci/run); on a developer's machine it is optional.
+        (pytest.fail if IN_CI else pytest.skip)(f"the partition test needs {missing}")
     made = Host()
     try:
         yield made
