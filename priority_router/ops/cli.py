@@ -1,12 +1,13 @@
 """``priority-router``: the operator's command line.
 
-    priority-router status [--json]
+    priority-router status [--json] [--limit N]
     priority-router inspect CLIENT [--json]
-    priority-router reset CLIENT --yes | --all --yes
-    priority-router tier set CLIENT [--weight W] [--shift S] [--fixed P] | tier unset CLIENT | tier list
+    priority-router reset CLIENT [--yes] | reset --all --yes
+    priority-router tier set CLIENT [--weight W] [--shift S] [--fixed P] ... | tier unset CLIENT | tier list
     priority-router queues -A workers.app [--json]
     priority-router doctor -A workers.app [--json]
     priority-router migrate QUEUE --to router|plain -A workers.app [--dry-run] [--json] [--publishers-stopped]
+    priority-router simulate TRACE --workers N [--tune] [--json] ...
     priority-router demo [--redis-url URL] [--heavy N] [--workers N] ...
 
 The counter store comes from ``--redis-url`` or ``PRIORITY_ROUTER_REDIS_URL`` (and the

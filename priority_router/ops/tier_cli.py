@@ -49,11 +49,18 @@ def tier() -> None:
     """Per-client tiers: a weight, a shift or a fixed priority, changed without a deploy.
 
     \b
-    --weight W  each document counts 1/W (2: the client drops a level half as fast)
-    --shift S   the table's priority moved by S levels, kept within 1..9 (-1: more urgent)
-    --fixed P   priority P for every document, whatever the count
-    --max-in-flight N   at most N documents running at once (docs/caps.md)
-    --rate R/s|R/m|R/h  at most R documents starting per second, minute or hour
+    tier set CLIENT | --default, with:
+    --weight W               each document counts 1/W (2: drops a level half as fast)
+    --shift S                the table's priority moved by S levels, within 1..9
+    --fixed P                priority P for every document, whatever the count
+    --neutral                a tier that changes nothing (exempt from the default)
+    --max-in-flight N        at most N documents running at once (docs/caps.md)
+    --max-cost-in-flight C   at most C units of cost running at once
+    --borrow                 run beyond the cap while nobody else waits
+    --rate R/s|R/m|R/h       at most R documents starting per second, minute or hour
+    --burst B                the rate's bucket: up to B starting at once
+    tier unset CLIENT | --default
+    tier list [--json]
 
     The default tier applies to every client without a tier of its own.
     """
