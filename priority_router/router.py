@@ -101,8 +101,9 @@ class PriorityRouter:
 
         In ``mode="inflight"`` the document's ``task_id`` is required (it is what
         :meth:`end` takes off again) and ignored otherwise.  Raises
-        :class:`CounterUnavailable` when Redis cannot answer, :class:`InvalidCost` for a
-        cost that is not a positive finite number up to a million, and ``ValueError`` when
+        :class:`CounterUnavailable` when Redis cannot answer, a :class:`PriorityRouterError`
+        that is also a ``ValueError`` for a cost that is not a positive finite number up to a
+        million (its message names the cost and the fix), and ``ValueError`` when
         ``client_id`` cannot be a client id (None, empty, a container).  A document whose
         record raised is not counted: in ``mode="inflight"``, should a stalled store run the
         check later, the router ends it there once the store answers.
