@@ -95,7 +95,9 @@ class RouterConfig:
         "redis://localhost:6379/0",
         "The counter store: `redis://`, `rediss://` (TLS), `unix://`, "
         "`redis+sentinel://host:26379[,host2:26379]/service_name[/db]` or "
-        "`redis+cluster://host:port[,host:port]`.",
+        "`redis+cluster://host:port[,host:port]`. A query gives redis-py's connection options "
+        "(`?ssl_ca_certs=/ca.pem&ssl_cert_reqs=required`); a name redis-py has no option for "
+        "is refused.",
     )
     reset_interval: float = setting(
         1500.0,

@@ -6,6 +6,9 @@
 
 from __future__ import annotations
 
+import difflib
+import functools
+import inspect
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -35,6 +38,8 @@ def check_url(url: object) -> str:
             f"scheme {scheme!r} in {redact_url(url)} is not a Redis scheme",
             "use redis://, rediss:// (TLS), unix://, redis+sentinel:// or redis+cluster://",
         )
+    if scheme not in SENTINEL_SCHEMES:
+        _check_query(url, scheme)
     try:
         if scheme in CLUSTER_SCHEMES:
             cluster_parts(url)
@@ -57,6 +62,41 @@ def check_url(url: object) -> str:
             fix = "use redis://host:port/db with a numeric port and database number, e.g. redis://localhost:6379/0"
         raise ConfigurationError("redis_url", f"{redact_url(url)} cannot be used ({exc})", fix) from None
     return url
+
+
+def _check_query(url: str, scheme: str) -> None:
+    """Refuse a query parameter redis-py has no connection option for: it passes every name
+    on, and an unknown one (``ssl_ca_cert``) raised a TypeError only at the first publish."""
+    tls = scheme.startswith("rediss")
+    known = _query_names("unix" if scheme == "unix" else "rediss" if tls else "redis")
+    for name in parse_qs(urlsplit(url).query, keep_blank_values=True):
+        if name in known:
+            continue
+        if not tls and name in _query_names("rediss"):
+            problem = f"the query parameter {name!r} is a TLS option, and {scheme}:// is not TLS"
+            tls_scheme = "rediss" if scheme == "unix" else scheme.replace("redis", "rediss", 1)
+            fix = f"use {tls_scheme}:// for TLS, or drop {name}"
+        else:
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            problem = f"the query parameter {name!r} is not a Redis connection option"
+            example = "redis-py's connection options, e.g. ?ssl_ca_certs=/path/ca.pem&ssl_cert_reqs=required"
+            fix = f"use {close[0]} (a query gives {example})" if close else f"use {example}"
+        raise ConfigurationError("redis_url", problem, fix)
+
+
+@functools.cache
+def _query_names(kind: str) -> frozenset[str]:
+    """The keywords redis-py's connections of ``kind`` (redis, rediss, unix) accept, which
+    its ``parse_url`` reads from a URL's query."""
+    from redis import connection
+
+    classes = {
+        "redis": (connection.Connection,),
+        "rediss": (connection.SSLConnection, connection.Connection),
+        "unix": (connection.UnixDomainSocketConnection,),
+    }[kind] + (connection.AbstractConnection, connection.ConnectionPool)
+    names = {name for cls in classes for name in inspect.signature(cls).parameters}
+    return frozenset(names - {"kwargs", "connection_kwargs", "connection_class"})
 
 
 def _check_direct(url: str, scheme: str) -> None:

@@ -9,9 +9,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from celery import Celery
 from support.services import IN_CI, free_port
 
-from priority_router import PriorityRouter
+from priority_router import ConfigurationError, PriorityRouter
+from priority_router.integration.install import settings_error
 
 REDIS_SERVER = "/usr/bin/redis-server"
 
@@ -71,3 +73,25 @@ def test_a_tls_failure_fails_open_without_leaking_the_password(
     logged = " ".join(r.getMessage() for r in caplog.records)
     assert "priority counter" in logged
     assert "s3cret-pw" not in logged
+
+
+def test_a_misspelt_tls_parameter_is_refused_when_the_settings_are_read(
+    tls_redis: tuple[int, Path], key_prefix: str
+) -> None:
+    """redis-py passes every query parameter on: ``ssl_ca_cert`` (no s) was accepted and
+    raised a TypeError at the first publish. It is refused with its spelling, and the right
+    one counts over TLS."""
+    port, ca = tls_redis
+    url = f"rediss://:s3cret-pw@127.0.0.1:{port}/0?ssl_ca_cert={ca}&ssl_cert_reqs=required"
+    with pytest.raises(ConfigurationError) as info:
+        PriorityRouter(redis_url=url, key_prefix=key_prefix)
+    assert "'ssl_ca_cert'" in str(info.value)
+    assert "Fix: use ssl_ca_certs" in str(info.value)
+    assert "s3cret-pw" not in str(info.value)
+    app = Celery("tls-typo", broker="memory://", set_as_current=False)
+    app.conf.priority_router_redis_url = url
+    PriorityRouter(key_prefix=key_prefix).install(app)
+    error = settings_error(app)
+    assert error is not None and "ssl_ca_certs" in str(error)
+    fixed = PriorityRouter(redis_url=url.replace("ssl_ca_cert=", "ssl_ca_certs="), key_prefix=key_prefix)
+    assert fixed.record("acme").pending == 0

@@ -52,6 +52,10 @@ def test_bad_settings_raise_configuration_error_naming_them(kwargs: dict, settin
     [
         ("redis+sentinel://127.0.0.1:26379", "redis+sentinel://host:26379[,host:26379...]/service_name/db"),
         ("redis://localhost:6379/notadb", "redis://host:port/db"),
+        ("rediss://localhost:6379/0?ssl_ca_cert=/ca.pem", "ssl_ca_certs (a query gives"),
+        ("redis://localhost:6379/0?ssl_ca_certs=/ca.pem", "rediss:// for TLS"),
+        ("redis+cluster://a:1,b:2?ssl_cert_reqs=required", "rediss+cluster:// for TLS"),
+        ("redis://localhost:6379/0?sockettimeout=1", "socket_timeout (a query"),
     ],
 )
 def test_a_bad_url_is_fixed_in_its_own_scheme(url: str, fix: str) -> None:
