@@ -22,8 +22,10 @@ from rich.table import Table
 from ..errors import ConfigurationError, CounterUnavailable
 from ..limits import Limits
 from ..redact import redact_url
-from ..router import engine_of
+from ..router import PriorityRouter, engine_of
+from ..store.breaker import STORE_ERRORS
 from ..store.client_ids import normalize_client_id
+from ..store.connection import store_error
 from ..store.limit_store import LIMITS_REFRESH
 from ..store.tier_store import DEFAULT_TIER_REFRESH
 from ..tiers import Tier
@@ -40,6 +42,8 @@ from .cli_context import (
     store_options,
 )
 
+#: What a read of the store after a change may raise.
+UNREADABLE: tuple[type[BaseException], ...] = (CounterUnavailable, *STORE_ERRORS)
 #: Printed after every change: a publisher built with ``tiers=False`` never reads a tier.
 IGNORED_NOTE = "Publishers with tiers=False ignore tiers."
 
@@ -190,30 +194,39 @@ def unset(ctx: click.Context, client: str | None, default: bool, app_name: str |
     _target(client, default)
     router = router_for(ctx, app_name)
     try:
-        if client is None:
-            had = router.unset_default_tier()
-            message = (
-                "default tier removed: clients without a tier of their own get the threshold table "
-                f"(publishers read it again within {DEFAULT_TIER_REFRESH:g} s)"
-                if had
-                else "no default tier was set; nothing removed"
-            )
-        elif router.unset_tier(client):
-            now = _tier_text(router.default_tier)
-            applies = "the threshold table applies" if now == "none" else f"the default tier applies ({now})"
-            message = f"{_shown_id(client)}: tier removed; {applies}"
-        else:
-            message = f"{_shown_id(client)} had no tier of its own; nothing removed"
+        had = router.unset_default_tier() if client is None else router.unset_tier(client)
+    except CounterUnavailable as exc:
+        fail(str(exc))
+    except ValueError as exc:  # not a client id
+        fail(str(exc), 2)
+    if client is None:
+        message = (
+            "default tier removed: clients without a tier of their own get the threshold table "
+            f"(publishers read it again within {DEFAULT_TIER_REFRESH:g} s)"
+            if had
+            else "no default tier was set; nothing removed"
+        )
+    elif had:
+        message = f"{_shown_id(client)}: tier removed; {_applies_now(router)}"
+    else:
+        message = f"{_shown_id(client)} had no tier of its own; nothing removed"
+    click.echo(message)
+    # Done: the count of held documents is a note, and a store that cannot give it does not
+    # turn the removal into a failure.
+    try:
         held = (
             router.gate_state(client).held
             if client
             else sum(state.held for state in engine_of(router).gate_store.held_now().values())
         )
-    except CounterUnavailable as exc:
-        fail(str(exc))
-    except ValueError as exc:  # not a client id
-        fail(str(exc), 2)
-    click.echo(message)
+    except UNREADABLE as exc:
+        why = str(exc) if isinstance(exc, CounterUnavailable) else store_error(exc)
+        click.echo(
+            f"priority-router: could not count the documents its limits held ({why}); "
+            "`priority-router status` lists them",
+            err=True,
+        )
+        return
     if held:
         click.echo(
             f"{held} document(s) held by caps wait in their holding queue: workers with the router start "
@@ -290,6 +303,15 @@ def _shown_id(client: str) -> str:
 
 def _shown(row: dict[str, Any]) -> str:
     return f"invalid: {row['error']}" if row["error"] is not None else str(row["tier"])
+
+
+def _applies_now(router: PriorityRouter) -> str:
+    """What applies to a client without a tier of its own, for a message after a change."""
+    try:
+        now = _tier_text(router.default_tier)
+    except UNREADABLE:
+        return "the default tier applies, if one is set (the store could not say)"
+    return "the threshold table applies" if now == "none" else f"the default tier applies ({now})"
 
 
 def _tier_text(read: Callable[[], Tier | None]) -> str:

@@ -422,3 +422,30 @@ def test_unset_says_how_many_documents_the_lifted_cap_held(
     assert result.exit_code == 0, result.output
     assert "2 document(s) held by caps wait in their holding queue" in result.output
     assert "held by caps" not in cli("tier", "unset", "light").output
+
+
+def test_unset_that_removed_the_tier_exits_0_when_held_documents_cannot_be_counted(
+    counter_url: str, key_prefix: str
+) -> None:
+    """The held count after an unset is a note: a user that can change tiers but not read the
+    gate (here an ACL user without sorted sets) saw exit 1, "could not read the gate", though
+    the tier was gone."""
+    admin = redis.Redis.from_url(counter_url)
+    user = f"tiers-{os.getpid()}"
+    admin.acl_setuser(
+        user, enabled=True, passwords=["+pw"], keys=[f"{key_prefix}*"], commands=["+@all", "-@sortedset"]
+    )
+    try:
+        limited = counter_url.replace("redis://", f"redis://{user}:pw@", 1)
+        runner = CliRunner()
+        base = ["--redis-url", limited, "--key-prefix", key_prefix]
+        assert runner.invoke(main, [*base, "tier", "set", "bulk", "--max-in-flight", "1"]).exit_code == 0
+        result = runner.invoke(main, [*base, "tier", "unset", "bulk"])
+        assert result.exit_code == 0, result.output
+        assert "bulk: tier removed" in result.stdout
+        assert "could not count the documents its limits held" in result.stderr
+        assert "no permissions to run the 'zcount' command" in result.stderr
+        assert "pw@" not in result.output
+        assert PriorityRouter(counter_url, key_prefix=key_prefix).tier("bulk") is None
+    finally:
+        admin.acl_deluser(user)
