@@ -12,12 +12,12 @@ from __future__ import annotations
 import difflib
 import math
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import Field, dataclass, field, fields
 from typing import Any
 
 from .errors import ConfigurationError
-from .redact import redact_url
+from .redact import HiddenURL, redact_url
 from .redis_urls import check_url
 from .thresholds import DEFAULT_THRESHOLDS, Policy, check_priority, parse_table
 
@@ -314,9 +314,24 @@ def celery_values(conf: Mapping[str, Any]) -> dict[str, Any]:
     found = {}
     for f in fields(RouterConfig):
         value = conf.get(celery_name(f.name))
+        if isinstance(value, HiddenURL):
+            value = value.url
         if value is not None:
             found[f.name] = _parse(f, value, celery_key(conf, f.name)) if isinstance(value, str) else value
     return found
+
+
+def hide_store_password(conf: MutableMapping[str, Any]) -> None:
+    """Mask the password of the store's URL in a Celery configuration, once read: Celery
+    masks the values of settings named like secrets (``*_PASSWORD``, ``*_KEY``) and of its
+    broker and backend URLs, not ``priority_router_redis_url``, so ``celery inspect conf``
+    and ``celery report`` printed it.  The setting reads as the URL with ``***``;
+    :func:`celery_values` still reads the URL itself, and a new value set later is
+    followed, then masked in turn."""
+    key = celery_key(conf, "redis_url")
+    value = conf.get(key)
+    if isinstance(value, str) and not isinstance(value, HiddenURL) and redact_url(value) != value:
+        conf[key] = HiddenURL(value)
 
 
 def celery_key(conf: Mapping[str, Any], name: str) -> str:

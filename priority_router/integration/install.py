@@ -48,6 +48,7 @@ from ..config import (
     celery_form,
     celery_key,
     celery_values,
+    hide_store_password,
     unknown_celery_settings,
     unknown_env_settings,
     with_closest,
@@ -251,6 +252,7 @@ def _follow_settings(app: Celery, installation: Installation) -> None:
     """Have the router follow the app's ``priority_router_*`` settings."""
     router = installation.engine
     settings = celery_values(app.conf)
+    hide_store_password(app.conf)
     siblings = [installation_of(a) for a in list(_apps) if a is not app]
     others = [i.celery_settings for i in siblings if i is not None and i.engine is router]
     if any(other is not None and other != settings for other in others):

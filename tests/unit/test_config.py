@@ -145,3 +145,25 @@ def test_a_config_shown_or_logged_never_shows_the_stores_password() -> None:
     assert "s3cret-pass" not in repr(config) and "s3cret-pass" not in f"{config}"
     assert "redis://router:***@127.0.0.1:6402/0" in repr(config) and "key_prefix='docs:'" in repr(config)
     assert config.redis_url.endswith(":s3cret-pass@127.0.0.1:6402/0")  # the value itself is kept
+
+
+def test_the_store_password_is_masked_in_the_app_settings_and_still_followed() -> None:
+    """Celery prints ``priority_router_redis_url`` as it is (``celery inspect conf``,
+    ``celery report``): once read, it reads masked, the router still reads the URL, a
+    copy pickled for a pool process too, and a value set later is followed."""
+    import pickle
+
+    from priority_router.config import celery_values, hide_store_password
+
+    app = Celery("masked", set_as_current=False)
+    app.conf.priority_router_redis_url = "redis://user:pw1@h:6379/0"
+    hide_store_password(app.conf)
+    assert app.conf.priority_router_redis_url == "redis://user:***@h:6379/0"
+    assert "pw1" not in app.conf.humanize()
+    assert celery_values(app.conf)["redis_url"] == "redis://user:pw1@h:6379/0"
+    copied = pickle.loads(pickle.dumps(app.conf.priority_router_redis_url))
+    assert (copied, copied.url) == ("redis://user:***@h:6379/0", "redis://user:pw1@h:6379/0")
+    app.conf.priority_router_redis_url = "redis://user:pw2@h:6379/0"
+    assert celery_values(app.conf)["redis_url"] == "redis://user:pw2@h:6379/0"
+    hide_store_password(app.conf)
+    assert "pw2" not in app.conf.humanize()
