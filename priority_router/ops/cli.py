@@ -75,7 +75,7 @@ def _row(router: PriorityRouter, state: CounterState) -> dict[str, Any]:
         "seconds_until_reset": round(ttl, 3) if ttl is not None else None,
         "tracked": ttl is not None,
         **(
-            {"in_flight": 1 - state.pending if ttl is not None else 0}
+            {"in_flight": state.counted if ttl is not None else 0}
             if engine_of(router).inflight is not None
             else {}
         ),

@@ -43,11 +43,12 @@ class _Count:
 
     def pending(self, client: Hashable, now: float) -> int:
         """The count a read at ``now`` shows, without counting: ``one`` - the units counted
-        (1 - documents), 0 when reset or with nothing counted."""
+        (1 - documents), never above 0 (the last document is taken to cost ``one``, or all
+        that is counted when less), 0 when reset or with nothing counted."""
         state = self._state.get(client)
         if state is None or now - state[1] > self.reset_interval:
             return 0
-        return self.one - int(state[0])
+        return -max(0, int(state[0]) - self.one)
 
 
 class SeedCount(_Count):

@@ -27,7 +27,9 @@ class CounterState:
     """What Redis holds for one client."""
 
     client_id: str
-    #: ``1 -`` the counted cost: with every cost 1, the count the last document was checked at.
+    #: ``1 -`` the counted cost, as with every cost 1 (the count the seed's last document was
+    #: checked at), the last document taken to cost 1 or all that is counted when less:
+    #: never positive.
     pending: int | float
     key: str
     #: Milliseconds until the key expires (the reset); None when there is no state.
@@ -110,8 +112,12 @@ class ClientKeys:
         else:
             extra = extras_value(extras)
         counted = max(0, documents * RESOLUTION + extra)
+        # The last document was checked at minus the costs before it; its own cost is not kept,
+        # so it is taken as 1, or as all that is counted when that is less: 1 - 0.3 made a
+        # client with one document of cost 0.3 read as pending +0.7.
+        last = min(RESOLUTION, counted)
         return CounterState(
-            client_id, as_count(RESOLUTION - counted), key, ttl if ttl >= 0 else None, as_count(counted)
+            client_id, as_count(last - counted), key, ttl if ttl >= 0 else None, as_count(counted)
         )
 
     def clear(self, client_id: str) -> bool:

@@ -307,3 +307,18 @@ def test_a_costed_inflight_publish_and_end_are_one_round_trip_each(
     router.end("acme", "t2")
 
     assert len(sent) == 4, sent
+
+
+@pytest.mark.parametrize("mode", ["seed", "inflight"])
+def test_a_fractional_count_is_never_read_as_a_positive_pending(
+    client: redis.Redis, key_prefix: str, mode: str
+) -> None:
+    """The state took the last document's cost as 1: one document of cost 0.31 read as
+    pending +0.69 (``status`` showed it, and in flight 0.31000000000000005)."""
+    router = make(client, key_prefix, mode=mode)
+    assert router.record("light", ids(1)[0], cost=0.31).pending == 0
+    state = router.state("light")
+    assert (state.pending, state.counted) == (0, 0.31)
+    assert router.peek("light").pending == 0
+    router.record("light", ids(1)[0], cost=0.5)
+    assert (router.state("light").pending, router.state("light").counted) == (0, 0.81)

@@ -361,3 +361,21 @@ def test_a_bad_router_setting_stops_every_command_with_dash_a(
     result = runner.invoke(main, ["-A", "djapp", "status", "--json"])
     assert result.exit_code == 0, result.output
     assert [(r["client_id"], r["in_flight"]) for r in json.loads(result.stdout)] == [("acme", 1)]
+
+
+def test_status_shows_fractional_costs_as_counted(
+    cli: Callable[..., Result], counter_url: str, key_prefix: str
+) -> None:
+    """Documents in flight at cost 0.31: status showed pending 0.69 (positive) and in flight
+    0.31000000000000005."""
+    publisher = PriorityRouter(counter_url, key_prefix=key_prefix, mode="inflight")
+    publisher.record("light", "t1", cost=0.31)
+    publisher.record("heavy", "t2", cost=2.2)
+    publisher.record("heavy", "t3", cost=0.1)
+    rows = {r["client_id"]: r for r in json.loads(cli("status", "--mode", "inflight", "--json").output)}
+    assert (rows["light"]["pending"], rows["light"]["in_flight"]) == (0, 0.31)
+    assert rows["heavy"]["in_flight"] == 2.3 and rows["heavy"]["pending"] < 0
+    table = cli("status", "--mode", "inflight")
+    assert table.exit_code == 0, table.output
+    assert "0.31 " in table.output and "0.69" not in table.output
+    assert "0000" not in table.output and "9999" not in table.output
