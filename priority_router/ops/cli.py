@@ -40,6 +40,7 @@ from ..tiers import Tier
 from .cli_context import (
     TIERS_OFF_NOTE,
     Context,
+    answering_router,
     app_name_of,
     app_option,
     cannot_read,
@@ -90,7 +91,7 @@ def _row(router: PriorityRouter, state: CounterState) -> dict[str, Any]:
 @click.pass_context
 def status(ctx: click.Context, as_json: bool, app_name: str | None, limit: int | None) -> None:
     """Every tracked client: pending count, priority, last update, time to reset."""
-    router = router_for(ctx, app_name)
+    router = answering_router(ctx, app_name)
     try:
         rows = [_row(router, s) for s in engine_of(router).store.scan()]
         limited = bool(engine_of(router).limit_store.snapshot())
@@ -182,7 +183,7 @@ def _seconds(value: float | None) -> str:
 @click.pass_context
 def inspect(ctx: click.Context, client: str, as_json: bool, app_name: str | None) -> None:
     """One client's pending count, priority and tier (read-only)."""
-    router = router_for(ctx, app_name)
+    router = answering_router(ctx, app_name)
     try:
         state = router.state(client)
     except ValueError as exc:
@@ -270,10 +271,10 @@ def reset(ctx: click.Context, client: str | None, everyone: bool, yes: bool, app
     next document at pending 0."""
     if everyone == (client is not None):
         fail("name one CLIENT, or pass --all (not both)", 2)
-    router = router_for(ctx, app_name)
+    if everyone and not yes:
+        fail("reset --all forgets every client's count; add --yes to confirm", 2)
+    router = answering_router(ctx, app_name)
     if everyone:
-        if not yes:
-            fail("reset --all forgets every client's count; add --yes to confirm", 2)
         try:
             config = router.config
             seed = Counter(engine_of(router).redis, config.key_prefix, config.reset_interval).clear_all()

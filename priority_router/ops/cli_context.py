@@ -21,7 +21,8 @@ from ..errors import ConfigurationError
 from ..integration.install import settings_error
 from ..redact import redact_url
 from ..router import PriorityRouter, engine_of, installed_router
-from ..store.connection import failing_nodes_note, store_error
+from ..store.breaker import STORE_ERRORS
+from ..store.connection import failing_nodes_note, make_client, ping_every_master, store_error
 
 console = Console()
 
@@ -220,6 +221,32 @@ def router_for(ctx: click.Context, app_name: str | None = None) -> PriorityRoute
         return context.router
     except ConfigurationError as exc:
         fail(str(exc), 2)
+
+
+#: Seconds the counter store may take to answer a command's first PING: a stopped
+#: (SIGSTOP) or paused store otherwise held each command for its longer read timeout.
+PING_TIMEOUT = 1.0
+
+
+def answering_router(ctx: click.Context, app_name: str | None = None) -> PriorityRouter:
+    """:func:`router_for`, once its counter store answers a PING within
+    :data:`PING_TIMEOUT` (as ``doctor`` checks it); else the command fails at once, saying
+    so and what to do."""
+    router = router_for(ctx, app_name)
+    url = router.config.redis_url
+    client = make_client(url, PING_TIMEOUT, PING_TIMEOUT)
+    try:
+        ping_every_master(client)
+    except STORE_ERRORS as exc:
+        fail(
+            f"the counter store at {redact_url(url)} does not answer within {PING_TIMEOUT:g} s "
+            f"({store_error(exc)}{failing_nodes_note(client)}): it is stopped, paused or unreachable. "
+            "Fix: start or resume it, or point --redis-url / PRIORITY_ROUTER_REDIS_URL (or -A) at one "
+            "that answers"
+        )
+    finally:
+        client.close()
+    return router
 
 
 #: Said wherever a tier is shown for a router configured without tiers.

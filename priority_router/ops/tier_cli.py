@@ -31,6 +31,7 @@ from ..store.tier_store import DEFAULT_TIER_REFRESH
 from ..tiers import Tier
 from .cli_context import (
     TIERS_OFF_NOTE,
+    answering_router,
     cannot_read,
     console,
     emit_json,
@@ -38,7 +39,6 @@ from .cli_context import (
     json_option,
     print_table,
     router_app_option,
-    router_for,
     store_options,
 )
 
@@ -144,7 +144,7 @@ def set_tier(
         chosen = Tier(1.0 if weight is None else weight, 0 if shift is None else shift, fixed, limits)
     except ConfigurationError as exc:
         fail(str(exc), 2)
-    router = router_for(ctx, app_name)
+    router = answering_router(ctx, app_name)
     settings: dict[str, Any] = chosen.as_dict()  # set_tier's keywords
     try:
         if client is None:
@@ -192,7 +192,7 @@ def set_tier(
 def unset(ctx: click.Context, client: str | None, default: bool, app_name: str | None) -> None:
     """Remove CLIENT's own tier (the default tier applies again), or the default tier."""
     _target(client, default)
-    router = router_for(ctx, app_name)
+    router = answering_router(ctx, app_name)
     try:
         had = router.unset_default_tier() if client is None else router.unset_tier(client)
     except CounterUnavailable as exc:
@@ -241,7 +241,7 @@ def unset(ctx: click.Context, client: str | None, default: bool, app_name: str |
 @click.pass_context
 def list_tiers(ctx: click.Context, as_json: bool, app_name: str | None) -> None:
     """Every client with a tier of its own, sorted, and the default tier."""
-    router = router_for(ctx, app_name)
+    router = answering_router(ctx, app_name)
     try:
         limits = engine_of(router).limit_store.all()
         rows = sorted(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
+from support.services import start_embedded_redis
 
 from priority_router import PriorityRouter
 from priority_router.ops.cli import main
@@ -379,3 +381,30 @@ def test_status_shows_fractional_costs_as_counted(
     assert table.exit_code == 0, table.output
     assert "0.31 " in table.output and "0.69" not in table.output
     assert "0000" not in table.output and "9999" not in table.output
+
+
+@pytest.mark.parametrize("command", [["status"], ["status", "--json"], ["inspect", "acme"], ["tier", "list"]])
+def test_a_stopped_store_fails_the_command_at_once_saying_so(command: list[str], key_prefix: str) -> None:
+    """A store stopped with SIGSTOP (a soak's fault) accepts connections and never answers:
+    status waited out its 5 s read timeout and printed only the client's TimeoutError.  It
+    now asks a PING first, as doctor does, and names the likely causes and the fix."""
+    store = start_embedded_redis()
+    PriorityRouter(store.url + "/0", key_prefix=key_prefix).record("acme")
+    os.kill(store.process.pid, signal.SIGSTOP)
+    try:
+        store_options = ["--redis-url", store.url + "/0", "--key-prefix", key_prefix]
+        done = subprocess.run(
+            [sys.executable, "-m", "priority_router", *store_options, *command],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        os.kill(store.process.pid, signal.SIGCONT)
+        store.stop()
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"the counter store at {store.url}/0 does not answer within 1 s" in done.stderr
+    assert "stopped, paused or unreachable. Fix: start or resume it" in done.stderr
+    if "--json" in command:
+        assert "does not answer" in json.loads(done.stdout)["error"]
