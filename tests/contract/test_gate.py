@@ -120,6 +120,32 @@ def test_a_copy_of_a_sent_release_is_dropped_until_the_release_arrives(gate: Gat
     assert end(gate, queue, "c", cap, NOW + 5) == ["b"]
 
 
+def test_no_sent_mark_outlives_its_released_document(
+    gate: GateStore, queue: Queue, client: redis.Redis, key_prefix: str
+) -> None:
+    """A soak found marks of released documents an hour after the documents ended: one that
+    arrived before its releaser marked it sent, and one that arrived while the store could
+    not admit it (or its client had no limits left) kept theirs until the mark's TTL."""
+    cap = Limits(max_in_flight=1)
+    sent = gate_keys(key_prefix, "acme")[3]
+    assert [admit(gate, queue, t, cap) for t in "abc"] == ["run", "held", "held"]
+    # b reaches a worker between its publish and its mark: no mark is made.
+    queue.on_send = lambda task: gate.admit("acme", task, cap, ONE, now_ms=NOW + 1)
+    assert end(gate, queue, "a", cap, NOW + 1) == ["b"]
+    assert client.exists(sent) == 0
+    assert gate.read("acme", now_ms=NOW + 1).running == 1
+    # c is marked, then runs without an admission (the store was paused when it arrived):
+    # its end takes the mark.
+    queue.on_send = None
+    assert end(gate, queue, "b", cap, NOW + 2) == ["c"]
+    assert client.zrange(sent, 0, -1) == [b"c"]
+    assert end(gate, queue, "c", cap, NOW + 3) == []
+    assert client.exists(sent) == 0
+    assert not [f for f in client.hkeys(gate_keys(key_prefix, "acme")[2]) if f.startswith(b"r:")]
+    # A mark still protects a copy whose release is on its way (the drop test above), and its
+    # document's arrival takes it, as before.
+
+
 def test_a_released_document_arriving_after_its_reservation_lapsed_still_runs(
     gate: GateStore, queue: Queue
 ) -> None:

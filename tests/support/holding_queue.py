@@ -4,6 +4,7 @@ tests: the store only counts, and a held document's message waits in the broker.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 
 class Document:
@@ -14,6 +15,8 @@ class Document:
         if self.queue.fail_release:
             raise ConnectionError("the broker went away")
         self.queue.released.append(self.task_id)
+        if self.queue.on_send is not None:
+            self.queue.on_send(self.task_id)
 
     def drop(self) -> None:
         self.queue.dropped.append(self.task_id)
@@ -30,6 +33,8 @@ class Queue:
         self.released: list[str] = []
         self.dropped: list[str] = []
         self.fail_release = False
+        #: Called with each task id sent: a worker receiving the released document at once.
+        self.on_send: Callable[[str], object] | None = None
 
     def take(self) -> Document | None:
         return Document(self, *self.waiting.popleft()) if self.waiting else None

@@ -9,10 +9,14 @@
 --                      this store did not count, after it lost its keys: ARGV[1] "mark")
 -- KEYS[3]  gate  HASH  tk, ts: the rate's tokens and when they were counted (ms);
 --                      sum: the units of cost running; u:<id> a running document's units;
---                      h:<id> a held document's units, at:<id> when it was held (ms)
+--                      h:<id> a held document's units, at:<id> when it was held (ms);
+--                      r:<id> a document taken for release that has neither been marked
+--                      sent nor arrived at a worker yet
 -- KEYS[4]  sent  ZSET  task id -> when (ms): released documents published again whose
 --                      arrival no worker has seen yet; a copy of one still in the holding
---                      queue (its releaser killed before letting go of it) is dropped
+--                      queue (its releaser killed before letting go of it) is dropped.
+--                      A mark goes when the document arrives or ends, and is not made for
+--                      one that arrived before its releaser marked it
 --
 -- ARGV[1]  "admit", "end", "take", "sent", "mark" or "clear"
 -- ARGV[2]  task id: the document received (admit), ended (end; "" for a sweep) or taken
@@ -171,15 +175,25 @@ if mode == 'end' then
   end
   if id ~= '' then
     drop(id)
+    -- Ended, so arrived: a mark its arrival did not clear (the store was down then, or the
+    -- client had no limits by that time) goes too.
+    redis.call('ZREM', sent, id)
+    redis.call('HDEL', gate, 'r:' .. id)
   end
   expire()
   return settle(-1)
 end
 
 if mode == 'sent' then
-  redis.call('ZADD', sent, now, id)
+  -- Marked only while on its way: a document that arrived (or ended) before its releaser
+  -- got here has no copy left to drop, and its mark would outlive it.
+  if redis.call('HDEL', gate, 'r:' .. id) == 1 then
+    redis.call('ZADD', sent, now, id)
+  end
   redis.call('ZREMRANGEBYSCORE', sent, '-inf', now - number)
-  redis.call('PEXPIRE', sent, number)
+  if redis.call('EXISTS', sent) == 1 then
+    redis.call('PEXPIRE', sent, number)
+  end
   return settle(-1)
 end
 
@@ -194,6 +208,7 @@ if mode == 'take' then
     -- Released before, by a releaser killed before it acknowledged the holding queue's
     -- copy: start it again (at least once, as Celery does after a kill).
     redis.call('ZADD', run, now + lease, id)
+    redis.call('HSET', gate, 'r:' .. id, 1)
     unhold(id)
     return settle(1)
   end
@@ -208,6 +223,7 @@ if mode == 'take' then
   end
   unhold(id)
   take(id, number)
+  redis.call('HSET', gate, 'r:' .. id, 1)
   spend()
   return settle(borrowed and 4 or 1)
 end
@@ -256,6 +272,7 @@ if redis.call('ZSCORE', run, id) or redis.call('ZSCORE', sent, id) then
     redis.call('ZADD', run, now + lease, id)
   end
   redis.call('ZREM', sent, id)
+  redis.call('HDEL', gate, 'r:' .. id)
   return settle(1)
 end
 if redis.call('HEXISTS', gate, 'h:' .. id) == 1 then
