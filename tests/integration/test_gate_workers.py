@@ -20,6 +20,7 @@ from support.services import Worker, broker_db_url, close_app, fast_redelivery, 
 from support.simulation import most_at_once
 
 from priority_router import PriorityRouter
+from priority_router.store.client_ids import gate_keys
 from workers.app import create_app
 
 TRACK = "tests.track_running"
@@ -170,6 +171,29 @@ def test_lifting_a_cap_starts_the_held_documents_within_seconds(
             time.sleep(0.05)
         assert router.gate_state("bulk").running == 1
         bulk[0].get(timeout=30)
+    assert _runs_of(seen, env, bulk) == [1] * 5
+
+
+def test_no_sent_mark_outlives_documents_released_when_their_cap_is_lifted(
+    producer: Callable[[], Celery], runs: tuple[dict[str, str], redis.Redis]
+) -> None:
+    """Released after their cap was lifted, documents arrive at workers that no longer admit
+    them through the store: a soak found their marks (``:sent``) an hour after they ended.
+    Their ends take the marks now."""
+    env, seen, router, app = _trial(runs, producer, "bulk", max_in_flight=1)
+    bulk = _send(app, "bulk", 2, 1) + _send(app, "bulk", 0.1, 4)
+    _, _, gate, sent = gate_keys(env["PRIORITY_ROUTER_KEY_PREFIX"], "bulk")
+    with running_worker(env, "--pool", "threads", "--concurrency", "4"):
+        _wait_held(router, "bulk", 4)
+        router.unset_tier("bulk")
+        for r in bulk:
+            r.get(timeout=30)
+        assert _settled(router, "bulk") == (0, 0)
+        deadline = time.monotonic() + 10
+        while seen.exists(sent) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    assert seen.zrange(sent, 0, -1) == []
+    assert [f for f in seen.hkeys(gate) if f.startswith(b"r:")] == []
     assert _runs_of(seen, env, bulk) == [1] * 5
 
 
