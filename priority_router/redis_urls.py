@@ -38,8 +38,7 @@ def check_url(url: object) -> str:
             f"scheme {scheme!r} in {redact_url(url)} is not a Redis scheme",
             "use redis://, rediss:// (TLS), unix://, redis+sentinel:// or redis+cluster://",
         )
-    if scheme not in SENTINEL_SCHEMES:
-        _check_query(url, scheme)
+    _check_query(url, scheme)
     try:
         if scheme in CLUSTER_SCHEMES:
             cluster_parts(url)
@@ -67,9 +66,17 @@ def check_url(url: object) -> str:
 def _check_query(url: str, scheme: str) -> None:
     """Refuse a query parameter redis-py has no connection option for: it passes every name
     on, and an unknown one (``ssl_ca_cert``) raised a TypeError only at the first publish."""
+    names = parse_qs(urlsplit(url).query, keep_blank_values=True)
+    if names and scheme in SENTINEL_SCHEMES:
+        raise ConfigurationError(
+            "redis_url",
+            f"the query parameter {next(iter(names))!r} would be ignored: the router reads no query "
+            "parameters of a Sentinel URL",
+            "use no query; the database goes in the path, as in redis+sentinel://host:26379/service_name/db",
+        )
     tls = scheme.startswith("rediss")
     known = _query_names("unix" if scheme == "unix" else "rediss" if tls else "redis")
-    for name in parse_qs(urlsplit(url).query, keep_blank_values=True):
+    for name in names:
         if name in known:
             continue
         if not tls and name in _query_names("rediss"):

@@ -56,6 +56,7 @@ def test_bad_settings_raise_configuration_error_naming_them(kwargs: dict, settin
         ("redis://localhost:6379/0?ssl_ca_certs=/ca.pem", "rediss:// for TLS"),
         ("redis+cluster://a:1,b:2?ssl_cert_reqs=required", "rediss+cluster:// for TLS"),
         ("redis://localhost:6379/0?sockettimeout=1", "socket_timeout (a query"),
+        ("rediss+sentinel://h1:26379/docs/0?ssl_ca_certs=/ca.pem", "no query; the database goes in the path"),
     ],
 )
 def test_a_bad_url_is_fixed_in_its_own_scheme(url: str, fix: str) -> None:
