@@ -19,7 +19,11 @@ class Reason(str, Enum):
     NO_CLIENT = "no-client"
     #: A task outside ``tasks=``: not counted, and keeps the priority Celery gives it.
     NOT_COUNTED = "not-counted"
-    #: The counter store failed (or its breaker is open): ``default_priority``.
+    #: The counter store failed (or its breaker is open): priced by the publishing process's
+    #: own count of the client's recent documents (``local_counts.py``).
+    LOCAL = "local"
+    #: The counter store could not count it otherwise (it is another release's, or the
+    #: router erred): ``default_priority``.
     FAIL_OPEN = "fail-open"
 
 
@@ -28,7 +32,8 @@ class Decision:
     """A client's pending count and the logical priority (1 most urgent .. 9) it maps to.
 
     ``pending`` is None when the count is unknown (no client id, or the counter store
-    failed and the default priority was used).
+    failed and the default priority was used); with reason ``local``, it is the publishing
+    process's own count.
     """
 
     client_id: str | None

@@ -23,6 +23,7 @@ from .batch import current_batch
 from .config import RouterConfig, celery_name
 from .decision import Decision, Reason
 from .errors import ConfigurationError, CounterUnavailable
+from .local_counts import LocalCounts
 from .metrics import RouterMetrics, get_metrics
 from .redact import redact_url
 from .store.breaker import STORE_ERRORS, CircuitBreaker
@@ -35,7 +36,7 @@ from .store.limit_store import LimitStore
 from .store.owed import MAX_OWED, End, OwedEnds
 from .store.schema import SchemaMismatch, StoreSchema
 from .store.tier_store import TierStore
-from .tiers import decode
+from .tiers import Tier, decode
 
 logger = logging.getLogger("priority_router")
 
@@ -83,6 +84,8 @@ class Engine:
         self.store: Counter | InflightCounter = self.inflight or self.counter
         self.policy = config.thresholds
         self.metrics = _metrics_for(config)
+        #: This process's own counts, which price its publishes while the store fails.
+        self.local = LocalCounts(config.reset_interval)
         self._breaker = CircuitBreaker(
             config.cooldown,
             f"the priority counter at {redact_url(config.redis_url)}",
@@ -120,30 +123,50 @@ class Engine:
                 return reserved
         if self.inflight is not None and not (isinstance(task_id, str) and task_id):
             return self.fail_open(client_id)  # nothing to end it by (Celery always gives an id)
-        if not self._breaker.allow("publish"):
-            return self.fail_open(client_id)
         units = self.units_quietly(cost, client_id)
+        if not self._breaker.allow("publish"):
+            return self.counted_here(client_id, units)[0]
         metrics = self.metrics
         started = time.perf_counter() if metrics is not None else 0.0
         counted = self._quietly(lambda: self.count(client_id, task_id, units), "publish")
         if counted is None:
-            return self.fail_open(client_id)
+            return self.uncounted(client_id, units)[0]
         if metrics is not None:
             metrics.counter_seconds.observe(time.perf_counter() - started)
         tiered, pending, stored = counted
-        return self.decision(client_id, pending, stored, tiered, units)
+        own, default = self.tiers_of(client_id, stored, tiered)
+        self.local.counted(client_id, pending - as_count(units), own)
+        return self.priced(client_id, pending, units, own, default)
 
     def decide_many(self, client_id: str, n: int, cost: object = None) -> list[Decision]:
         """``n`` decisions in one round trip; never raises (``PriorityRouter.decide_many``)."""
-        fail_open = [self.fail_open(client_id)] * n
-        if n == 0 or not self._breaker.allow("publish"):
-            return fail_open
+        if n == 0:
+            return []
         units = self.units_quietly(cost, client_id)
+        if not self._breaker.allow("publish"):
+            return self.counted_here(client_id, units, n)
         counted = self._quietly(lambda: self.count_many(client_id, n, units), "publish")
         if counted is None:
-            return fail_open
+            return self.uncounted(client_id, units, n)
         tiered, pendings, stored = counted
-        return [self.decision(client_id, p, stored, tiered, units) for p in pendings]
+        own, default = self.tiers_of(client_id, stored, tiered)
+        self.local.counted(client_id, pendings[-1] - as_count(units), own)
+        return [self.priced(client_id, p, units, own, default) for p in pendings]
+
+    def uncounted(self, client_id: str, units: int, n: int = 1) -> list[Decision]:
+        """Decisions for documents the store did not count: priced here (``counted_here``)
+        when it failed, else (another release's store, a bug) ``default_priority``."""
+        if self._breaker.is_open:
+            return self.counted_here(client_id, units, n)
+        return [self.fail_open(client_id)] * n
+
+    def counted_here(self, client_id: str, units: int, n: int = 1) -> list[Decision]:
+        """While the store fails: ``n`` documents priced by this process's own count of the
+        client (``local_counts.py``), with the client's tier as the store last gave it,
+        else the default tier as this process last read it."""
+        pendings, own = self.local.count(client_id, as_count(units), n)
+        default = self.tier_store.known_default() if own is None and self.config.tiers else None
+        return [self.priced(client_id, p, units, own, default, Reason.LOCAL) for p in pendings]
 
     def count(self, client: str, task_id: str | None, units: int = ONE) -> tuple[bool, int | float, Any]:
         """One counted document in the mode's store: whether checks read tiers, the pending
@@ -189,21 +212,40 @@ class Engine:
         self, client_id: str, pending: int | float, stored: object, tiered: bool, units: int = ONE
     ) -> Decision:
         """The decision for a counted document, with the tier its check read, else the
-        default tier, adjusting the table's priority.  A fractional count is truncated
-        toward 0 for the table: a partial unit does not count."""
+        default tier, adjusting the table's priority."""
+        return self.priced(client_id, pending, units, *self.tiers_of(client_id, stored, tiered))
+
+    def tiers_of(self, client_id: str, stored: object, tiered: bool) -> tuple[Tier | None, Tier | None]:
+        """The client's own tier as its check read it (None: it has none), and the default
+        tier when it has none."""
+        if not tiered:
+            return None, None
+        if stored is None:
+            return None, self.tier_store.default()
+        try:
+            return decode(stored if isinstance(stored, bytes | str) else str(stored)), None
+        except ConfigurationError as exc:
+            self._warn_bad_tier(client_id, exc)
+            return None, None
+
+    def priced(
+        self,
+        client_id: str,
+        pending: int | float,
+        units: int,
+        own: Tier | None,
+        default: Tier | None,
+        reason: Reason = Reason.COUNTED,
+    ) -> Decision:
+        """The decision for a document checked at ``pending``: the table's priority,
+        adjusted by the client's own tier, else by the default tier.  A fractional count is
+        truncated toward 0 for the table: a partial unit does not count."""
         cost = as_count(units)
-        tier, source = None, "client"
-        if tiered and stored is None:
-            tier, source = self.tier_store.default(), "default"
-        elif tiered:
-            try:
-                tier = decode(stored if isinstance(stored, bytes | str) else str(stored))
-            except ConfigurationError as exc:
-                self._warn_bad_tier(client_id, exc)
+        tier, source = (own, "client") if own is not None else (default, "default")
         if tier is None:
-            return Decision(client_id, pending, self.policy.priority_for(int(pending)), cost=cost)
+            return Decision(client_id, pending, self.policy.priority_for(int(pending)), reason, cost=cost)
         priority = tier.priority(pending, self.policy)
-        return Decision(client_id, pending, priority, tier=tier.applied_as(source), cost=cost)
+        return Decision(client_id, pending, priority, reason, tier=tier.applied_as(source), cost=cost)
 
     def fail_open(self, client_id: str) -> Decision:
         return Decision(client_id, None, self.config.default_priority, Reason.FAIL_OPEN)

@@ -3,9 +3,10 @@
 Publishing side (any process that publishes through an installed router):
 
 - ``priority_router_assignments_total{priority,reason}``: documents stamped, by logical
-  priority and how it was decided (counted, inherited, no-client, fail-open).
-- ``priority_router_fail_open_total``: publishes that got ``default_priority`` because
-  the counter store could not answer (or its circuit breaker was open).
+  priority and how it was decided (counted, inherited, no-client, local, fail-open).
+- ``priority_router_fail_open_total``: publishes the counter store did not count because
+  it could not answer (or its circuit breaker was open): priced by the publisher's own
+  counts (``local``) or given ``default_priority`` (``fail-open``).
 - ``priority_router_counter_seconds``: round-trip time of one counter check.
 - ``priority_router_last_row_total``: documents counted past the threshold table's lowest
   limit, at its least urgent priority, where clients are served first in first out among
@@ -60,7 +61,8 @@ class RouterMetrics:
         )
         self.fail_open = pc.Counter(
             "priority_router_fail_open",
-            "Publishes that got the default priority because the counter store could not answer.",
+            "Publishes the counter store did not count because it could not answer (reason local "
+            "or fail-open).",
         )
         self.counter_seconds = pc.Histogram(
             "priority_router_counter_seconds",
@@ -95,7 +97,7 @@ class RouterMetrics:
         """Count one decision; ``last_limit``, the table's lowest limit, counts it past the
         table's last row when its count is under it."""
         self.assignments.labels(str(decision.priority), decision.reason.value).inc()
-        if decision.reason is Reason.FAIL_OPEN:
+        if decision.reason is Reason.LOCAL or decision.reason is Reason.FAIL_OPEN:
             self.fail_open.inc()
         elif (
             last_limit is not None

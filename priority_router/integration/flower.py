@@ -13,6 +13,8 @@ as extra, namespaced keys:
 The real keyword arguments stay in front, unchanged, and the text stays a dict
 literal, so Flower's exact search ``kwargs:priority_router_client=acme`` finds
 every document of a client, including those whose id travelled only in a header.
+A document priced while the counter store failed, by the publishing process's own count
+(``docs/failure.md``), adds ``'priority_router_reason': 'local'``.
 A router in dry run adds ``'priority_router_dry_run': True``, since Flower cannot see
 the header that says so, and a router with a table other than the scheme's names it
 (``'priority_router_thresholds': 'wide'``) on every counted document.
@@ -29,7 +31,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ..decision import Decision
+from ..decision import Decision, Reason
 
 CLIENT_KEY = "priority_router_client"
 PRIORITY_KEY = "priority_router_priority"
@@ -39,6 +41,7 @@ TIER_KEY = "priority_router_tier"
 COST_KEY = "priority_router_cost"
 HELD_KEY = "priority_router_held"
 TABLE_KEY = "priority_router_thresholds"
+REASON_KEY = "priority_router_reason"
 #: Longer ids are shown cut (headers must stay small; see publish.MAX_HEADER_ID).
 MAX_SHOWN_ID = 200
 
@@ -59,6 +62,8 @@ def annotate_kwargsrepr(
         extra += f", {TIER_KEY!r}: {decision.tier!r}"
     if decision.cost != 1:
         extra += f", {COST_KEY!r}: {decision.cost!r}"
+    if decision.reason is Reason.LOCAL:
+        extra += f", {REASON_KEY!r}: {decision.reason.value!r}"
     if table is not None and decision.pending is not None:
         extra += f", {TABLE_KEY!r}: {table!r}"
     if dry_run:
@@ -85,7 +90,7 @@ def _added(text: str, extra: str, whole: str) -> str:
 
 
 _SHOWN = re.compile(
-    r"'priority_router_(held|client|priority|pending|tier)': "
+    r"'priority_router_(held|client|priority|pending|tier|reason)': "
     r"('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|-?\d+|None)"
 )
 

@@ -208,8 +208,11 @@ class PublishReceiver:
         decision = self._count_or_inherit(task_name, body, headers)
         if chosen is None:
             return decision
-        reason = Reason.INHERITED if decision.reason is Reason.INHERITED else Reason.EXPLICIT
-        return Decision(decision.client_id, decision.pending, from_wire(chosen, transport), reason)
+        reason, pending = decision.reason, decision.pending
+        if reason is not Reason.INHERITED:
+            # A count the store did not keep (this process's own, during an outage) is not shown.
+            reason, pending = Reason.EXPLICIT, pending if reason is Reason.COUNTED else None
+        return Decision(decision.client_id, pending, from_wire(chosen, transport), reason)
 
     def _chosen_wire(self, properties: dict[str, Any]) -> int | None:
         """The priority the caller put on the message, or None (the app default is no choice)."""
@@ -274,7 +277,7 @@ class PublishReceiver:
         if decision.cost != 1 or H.COST in headers:
             # What was counted, which the worker's end gives back (a bad cost counted as 1).
             headers[H.COST] = decision.cost
-        if self._inflight and decision.pending is not None and decision.reason is not Reason.INHERITED:
+        if self._inflight and decision.pending is not None and decision.reason in _IN_THE_STORE:
             headers[H.INFLIGHT] = True  # counted in the in-flight list: the worker ends it
         if self._annotate and isinstance(headers.get("kwargsrepr"), str):
             headers["kwargsrepr"] = annotate_kwargsrepr(
@@ -346,6 +349,10 @@ class PublishReceiver:
 
     def _inherited_from_headers(self, headers: dict[str, Any]) -> Decision | None:
         return _inherited(headers.get(H.PRIORITY), headers.get(self._header), headers.get(H.PENDING))
+
+
+#: The reasons of documents the store counted.
+_IN_THE_STORE = (Reason.COUNTED, Reason.EXPLICIT)
 
 
 def _inherited(priority: object, client: object, pending: object) -> Decision | None:

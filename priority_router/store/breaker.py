@@ -42,7 +42,10 @@ FIRST_PROBE = 0.05
 
 #: For each purpose: what the process does while the store fails, and once it answers.
 PURPOSES = {
-    "publish": ("publishing with the default priority", "publishes are counted again"),
+    "publish": (
+        "pricing publishes by this process's own counts of its clients (reason 'local')",
+        "publishes are counted again",
+    ),
     "ends": ("keeping documents' ends to send later", "documents' ends are sent again"),
 }
 

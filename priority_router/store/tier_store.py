@@ -112,6 +112,10 @@ class TierStore:
         self._fresh()
         return self._cached
 
+    def known_default(self) -> Tier | None:
+        """The default tier as this process last read it, without reading the store."""
+        return self._cached
+
     def _mark_in_use(self) -> None:
         # Written before the tier's transaction (on a cluster the marker may live on another
         # master), so a publisher that sees a tier also sees the marker.

@@ -151,7 +151,7 @@ def test_unreachable_store_raises_counter_unavailable(key_prefix: str) -> None:
     with pytest.raises(CounterUnavailable):
         router.record("acme")
     decision = router.decide("acme")
-    assert (decision.pending, decision.priority, decision.reason.value) == (None, 5, "fail-open")
+    assert (decision.pending, decision.priority, decision.reason.value) == (0, 1, "local")
 
 
 def test_record_many_gives_the_decisions_of_sequential_records(client: redis.Redis, key_prefix: str) -> None:

@@ -126,4 +126,4 @@ def test_a_store_that_cannot_answer_is_an_outage_not_a_schema(key_prefix: str) -
     router = PriorityRouter("redis://127.0.0.1:1/0", key_prefix=key_prefix, connect_timeout=0.2)
     with pytest.raises(CounterUnavailable):
         router.record("acme")
-    assert router.decide("acme").reason is Reason.FAIL_OPEN
+    assert router.decide("acme").reason is Reason.LOCAL

@@ -115,10 +115,10 @@ def test_passwords_in_multi_node_urls_are_redacted() -> None:
 
 def test_a_cluster_that_does_not_answer_fails_open(key_prefix: str) -> None:
     # Building the router connects to nothing, so an app configured while the cluster is
-    # down still starts; its publishes get the default priority.
+    # down still starts; its publishes are priced by its own counts.
     router = PriorityRouter(redis_url="redis+cluster://127.0.0.1:1,127.0.0.1:2", key_prefix=key_prefix)
     decision = router.decide("acme")
-    assert (decision.pending, decision.priority, decision.reason.value) == (None, 5, "fail-open")
+    assert (decision.pending, decision.priority, decision.reason.value) == (0, 1, "local")
     with pytest.raises(CounterUnavailable, match="cannot reach the Redis Cluster"):
         router.record("acme")
     result = CliRunner().invoke(main, ["--redis-url", "redis+cluster://:hunter2@127.0.0.1:1", "status"])
@@ -612,12 +612,13 @@ def test_publishes_keep_going_through_a_failover(
     assert max(durations) < 1.0, f"a publish took {max(durations):.2f} s"
     assert all(p.reason == "counted" for p in published if p.at < killed_at)
 
-    # While the victim's slots had no master, its clients' documents failed open.
+    # While the victim's slots had no master, its clients' documents were priced by the
+    # publisher's own counts.
     after_kill = [p for p in published if p.at > killed_at]
-    failed_open = [p for p in after_kill if p.reason == "fail-open"]
+    failed_open = [p for p in after_kill if p.reason == "local"]
     assert {p.client for p in failed_open} >= set(on_victim)
-    assert all((p.pending, p.priority) == (None, 5) for p in failed_open)
-    assert sum(m.headers[H.REASON] == "fail-open" for m in messages) == len(failed_open)
+    assert all(p.pending is not None for p in failed_open)
+    assert sum(m.headers[H.REASON] == "local" for m in messages) == len(failed_open)
 
     # The replica took over those slots, and counting resumed by itself, from the counts
     # it had replicated: nothing lost, nothing counted twice.

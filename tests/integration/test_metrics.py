@@ -57,7 +57,8 @@ def test_publisher_counts_assignments_and_counter_round_trips(
     assert delta("priority_router_counter_seconds_count") == 5
     assert delta("priority_router_fail_open_total") == 0
 
-    # A counter store that refuses: every publish still goes out and is counted as fail-open.
+    # A counter store that refuses: every publish still goes out, priced by the publisher's
+    # own counts, and is counted in fail_open_total.
     down = create_app({**worker_env, "PRIORITY_ROUTER_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"})
     for n in range(3):
         down.send_task("workers.hold_document", ("acme", f"x{n}", 0), headers={"client_id": "acme"})
@@ -66,8 +67,8 @@ def test_publisher_counts_assignments_and_counter_round_trips(
     assert (
         value(final, "priority_router_fail_open_total") - value(after, "priority_router_fail_open_total") == 3
     )
-    fail_open = ("priority_router_assignments_total", (("priority", "5"), ("reason", "fail-open")))
-    assert final.get(fail_open, 0) - after.get(fail_open, 0) == 3
+    local = ("priority_router_assignments_total", (("priority", "1"), ("reason", "local")))
+    assert final.get(local, 0) - after.get(local, 0) == 3
 
 
 @pytest.mark.parametrize("pool", ["threads", "prefork"])

@@ -105,6 +105,7 @@ LAYERS = {
         "forks",
         "headers",
         "limits",
+        "local_counts",
         "metrics",
         "policy",
         "redact",

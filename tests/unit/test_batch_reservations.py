@@ -57,11 +57,17 @@ def test_unused_reservations_are_warned_about(
     assert router.peek("acme").pending == -2
 
 
-def test_a_batch_fails_open_when_the_store_is_down(key_prefix: str) -> None:
+def test_a_batch_is_priced_by_the_process_own_count_when_the_store_is_down(key_prefix: str) -> None:
     router = PriorityRouter(redis_url="redis://127.0.0.1:1/0", key_prefix=key_prefix, default_priority=6)
-    with router.batch("acme", 3):
-        decisions = [router.decide("acme") for _ in range(3)]
-    assert {(d.pending, d.priority, d.reason) for d in decisions} == {(None, 6, Reason.FAIL_OPEN)}
+    with router.batch("acme", 4):
+        decisions = [router.decide("acme") for _ in range(4)]
+    assert [(d.pending, d.priority, d.reason) for d in decisions] == [
+        (0, 1, Reason.LOCAL),
+        (-1, 1, Reason.LOCAL),
+        (-2, 1, Reason.LOCAL),
+        (-3, 2, Reason.LOCAL),
+    ]
+    assert router.decide("acme").pending == -4
 
 
 def test_bad_batches_are_refused(router: PriorityRouter) -> None:

@@ -64,7 +64,7 @@ def test_an_open_breaker_refuses_at_once_and_a_probe_lets_the_next_call_through(
     assert breaker.allow("publish") and not breaker.is_open
     said = [(r.levelname, r.getMessage()) for r in caplog.records]
     assert [level for level, _ in said] == ["WARNING", "INFO"]
-    assert "default priority" in said[0][1] and "at most every 0.2 s" in said[0][1]
+    assert "own counts" in said[0][1] and "at most every 0.2 s" in said[0][1]
     assert "answering again" in said[1][1] and "publishes are counted again" in said[1][1]
 
 
@@ -116,7 +116,7 @@ def test_each_purpose_says_once_per_outage_what_it_does_meanwhile(caplog: pytest
     for _ in range(3):
         assert not breaker.allow("publish")
     messages = [r.getMessage() for r in caplog.records]
-    assert len(messages) == 2 and "default priority" in messages[1]
+    assert len(messages) == 2 and "own counts" in messages[1]
     breaker.success()
     assert "publishes are counted again, documents' ends are sent again" in caplog.records[-1].getMessage()
     # A new outage is said again.

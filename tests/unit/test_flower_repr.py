@@ -55,6 +55,12 @@ def test_a_costed_document_shows_its_cost_and_a_unit_one_shows_none() -> None:
     assert "priority_router_cost" not in annotate_kwargsrepr("{}", ACME)
 
 
+def test_a_document_priced_during_an_outage_says_so_and_a_counted_one_says_nothing() -> None:
+    local = ast.literal_eval(annotate_kwargsrepr("{}", Decision("acme", -3, 2, Reason.LOCAL)))
+    assert (local["priority_router_reason"], local["priority_router_pending"]) == ("local", -3)
+    assert "priority_router_reason" not in annotate_kwargsrepr("{}", ACME)
+
+
 def test_the_task_sent_event_carries_the_decision_as_the_message_does() -> None:
     """Flower applies a task-sent event that arrives after task-received over it: with
     Celery's own kwargs in that event, the decision vanished from Flower's views."""

@@ -11,7 +11,7 @@ from celery import Celery
 from celery._state import _task_stack
 from support.publishing import publishing_as
 
-from priority_router import PriorityRouter
+from priority_router import PriorityRouter, Transport, to_wire
 from priority_router import headers as H
 from priority_router.integration.publish import PublishReceiver
 from priority_router.router import engine_of
@@ -158,15 +158,29 @@ def test_child_of_same_client_inherits_and_is_not_counted(app: Celery, router: P
     assert router.peek("beta").pending == 0 and engine_of(router).counter.read("beta").ttl_ms is not None
 
 
-def test_counter_failure_fails_open_with_one_warning(app: Celery, caplog: pytest.LogCaptureFixture) -> None:
-    router = PriorityRouter(redis_url="redis://127.0.0.1:1/0", cooldown=60)
+def test_a_failed_counter_prices_publishes_by_the_process_own_counts_with_one_warning(
+    app: Celery, caplog: pytest.LogCaptureFixture
+) -> None:
+    router = PriorityRouter(redis_url="redis://127.0.0.1:1/0", cooldown=60, mode="inflight")
     receiver = router.install(app)
     with caplog.at_level(logging.WARNING, "priority_router"):
-        results = [publish(receiver, app, headers={"client_id": f"c{i}"}) for i in range(20)]
-    assert all(props["priority"] == 5 for _, props in results)
-    assert all(h[H.REASON] == "fail-open" for h, _ in results)
+        giant = [publish(receiver, app, headers={"client_id": "giant"}) for _ in range(25)]
+        light = [publish(receiver, app, headers={"client_id": f"c{i}"}) for i in range(20)]
+        explicit, explicit_props = publish(receiver, app, headers={"client_id": "giant"}, priority=3)
+    # The giant sinks as the scheme's table says; each light client is at 0, most urgent.
+    sinking = [1, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7] + [8] * 6 + [9] * 4
+    assert [h[H.PRIORITY] for h, _ in giant] == sinking
+    assert [h[H.PENDING] for h, _ in giant] == [-n for n in range(25)]
+    assert all(
+        (h[H.PRIORITY], h[H.PENDING], p["priority"]) == (1, 0, to_wire(1, Transport.REDIS)) for h, p in light
+    )
+    assert all(h[H.REASON] == "local" for h, _ in giant + light)
+    # Uncounted by the store: nothing for a worker to end, and the count is shown as local.
+    assert not any(H.INFLIGHT in h for h, _ in giant + light)
+    # A caller's own priority is kept, without a count the store did not keep.
+    assert (explicit[H.REASON], explicit[H.PENDING], explicit_props["priority"]) == ("explicit", None, 3)
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1 and "default priority" in warnings[0].getMessage()
+    assert len(warnings) == 1 and "own counts" in warnings[0].getMessage()
 
 
 def test_receiver_ignores_other_apps_publishes(app: Celery, router: PriorityRouter) -> None:
