@@ -1,7 +1,9 @@
 """A slow host is not a failed store: on a CPU-saturated machine a healthy counter store
 leaves no publish fail-open, while a store that stops (``CLIENT PAUSE``, SIGSTOP) still
 fails publishes open without stalling them, and is counted in again soon after it
-answers.  The store is a redis-server of the test's own; the broker is the tests' Redis."""
+answers.  Meanwhile the publisher prices them by its own counts, so a real worker still
+runs light clients' documents before a giant's backlog.  The store is a redis-server of
+the test's own; the broker is the tests' Redis (or RabbitMQ)."""
 
 from __future__ import annotations
 
@@ -18,8 +20,9 @@ import pytest
 import redis
 from celery import Celery
 from support.broker import drain
-from support.services import EmbeddedRedis, close_app, start_embedded_redis, stop_process
+from support.services import EmbeddedRedis, close_app, running_worker, start_embedded_redis, stop_process
 
+from priority_router import PriorityRouter
 from priority_router import headers as H
 from workers.app import create_app
 
@@ -117,3 +120,50 @@ def test_a_saturated_host_fails_nothing_open_and_a_stopped_store_stalls_nothing(
     assert set(reasons[len(during) + after.index(next(p for p in after if p[0] == resumed[0])) :]) == {
         "counted"
     }
+
+
+#: The giant's documents before the store stops (the table's last row from the 22nd) and
+#: while it is stopped; the light clients' while it is stopped.
+GIANT_BEFORE, GIANT_DURING, LIGHT_CLIENTS, LIGHT_DOCS = 30, 40, 5, 2
+
+
+@pytest.mark.parametrize(
+    "broker_url", ["redis", pytest.param("amqp", marks=pytest.mark.rabbitmq)], indirect=True
+)
+def test_light_documents_published_while_the_store_is_stopped_run_before_a_giants_backlog(
+    store: EmbeddedRedis, worker_env: dict[str, str]
+) -> None:
+    env = {**worker_env, "PRIORITY_ROUTER_REDIS_URL": store.url + "/0"}
+    app = create_app(env)
+    hold = "workers.hold_document"
+    try:
+
+        def send(client: str, n: int) -> str:
+            return str(app.send_task(hold, (client, f"{client}-{n}", 0.01), headers={"client_id": client}).id)
+
+        before = [send("giant", n) for n in range(GIANT_BEFORE)]
+        os.kill(store.process.pid, signal.SIGSTOP)
+        try:
+            during = [send("giant", n) for n in range(GIANT_BEFORE, GIANT_BEFORE + GIANT_DURING)]
+            light = [send(f"light{c}", n) for n in range(LIGHT_DOCS) for c in range(LIGHT_CLIENTS)]
+        finally:
+            os.kill(store.process.pid, signal.SIGCONT)
+        # One process, prefetch 1, late acks: the worker runs the queue in its priority order.
+        with running_worker(env, "--pool", "solo"):
+            ran = {tid: app.AsyncResult(tid).get(timeout=120) for tid in before + during + light}
+        counted = PriorityRouter.from_env(env).peek("giant").pending
+    finally:
+        close_app(app)
+
+    order = sorted(ran, key=lambda tid: ran[tid]["started_at"])
+    position = {tid: n for n, tid in enumerate(order)}
+    # Every light document ran before all of the giant's backlog but the three it had
+    # published at the most urgent priority, before the store stopped.
+    assert max(position[t] for t in light) < min(position[t] for t in during)
+    assert max(position[t] for t in light) < len(light) + 3, [ran[t]["client_id"] for t in order]
+    # The publisher went on from the store's count and wrote nothing back to it (the check
+    # sent as the store stopped may run when it resumes).
+    assert [ran[t]["pending"] for t in during] == [
+        -n for n in range(GIANT_BEFORE, GIANT_BEFORE + GIANT_DURING)
+    ]
+    assert counted in (-GIANT_BEFORE, -GIANT_BEFORE - 1)
