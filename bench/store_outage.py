@@ -15,11 +15,11 @@ release before did: its engine's local pricing switched off in this process) and
 ``local``.  Per round: light p95 and longest wait, giant p95, makespan; then the medians
 over the rounds and light p95's ratio, local / today.
 
-``--publish-cost`` answers the other question, with no worker: what one ``send_task``
-costs with the router's local counts and without them, the store answering and then
-stopped (SIGSTOP), in interleaved blocks; the ratios of the medians.
+``--publish-cost`` answers the other question, with no worker: what one ``send_task``,
+and the router's decision alone, cost with the router's local counts and without them,
+the store answering and then stopped (SIGSTOP), in interleaved blocks of ``--block``.
 
-    python bench/store_outage.py --rounds 3                 # about 20 s a round
+    python bench/store_outage.py --rounds 3                 # about 40 s a round
     python bench/store_outage.py --rounds 3 --fault restart
     python bench/store_outage.py --publish-cost
 """
@@ -196,27 +196,36 @@ def publish_cost(args: argparse.Namespace, databases: RedisDatabases) -> None:
     }
     apps = {config: publisher(config, env) for config in CONFIGS}
 
-    def block(app: Any) -> float:
+    def publishes(app: Any) -> float:
         started = time.perf_counter()
         for n in range(args.block):
             client = f"c{n % 200}"
             app.send_task(HOLD, (client, "d", 0), headers={"client_id": client})
         return (time.perf_counter() - started) / args.block
 
+    def decisions(app: Any) -> float:
+        engine = installed_engine(app)
+        started = time.perf_counter()
+        for n in range(args.block):
+            engine.decide(f"c{n % 200}")
+        return (time.perf_counter() - started) / args.block
+
     def rounds(state: str) -> None:
-        for app in apps.values():
-            block(app)  # connections open, counts warm
-        seconds: dict[str, list[float]] = {config: [] for config in CONFIGS}
-        for n in range(args.rounds * 5):
-            for config in CONFIGS if n % 2 == 0 else CONFIGS[::-1]:
-                seconds[config].append(block(apps[config]))
-        today, local = (statistics.median(seconds[c]) for c in CONFIGS)
-        ratios = sorted(loc / tod for tod, loc in zip(seconds["today"], seconds["local"], strict=True))
-        print(
-            f"store {state}: a publish {today * 1e6:.0f} µs today, {local * 1e6:.0f} µs with local counts: "
-            f"ratio {local / today:.3f} (per block {ratios[0]:.2f}-{ratios[-1]:.2f})",
-            flush=True,
-        )
+        for what, block in (("a publish", publishes), ("a decision alone", decisions)):
+            for app in apps.values():
+                block(app)  # connections open, counts warm
+            seconds: dict[str, list[float]] = {config: [] for config in CONFIGS}
+            for n in range(args.rounds * 5):
+                for config in CONFIGS if n % 2 == 0 else CONFIGS[::-1]:
+                    seconds[config].append(block(apps[config]))
+            today, local = (statistics.median(seconds[c]) for c in CONFIGS)
+            ratios = sorted(loc / tod for tod, loc in zip(seconds["today"], seconds["local"], strict=True))
+            print(
+                f"store {state}: {what} {today * 1e6:.1f} µs today, {local * 1e6:.1f} µs with local "
+                f"counts: ratio of medians {local / today:.3f}, median of the {len(ratios)} paired "
+                f"blocks' ratios {statistics.median(ratios):.3f} ({ratios[0]:.2f}-{ratios[-1]:.2f})",
+                flush=True,
+            )
 
     try:
         rounds("answering")

@@ -114,7 +114,8 @@ class RouterConfig:
     )
     default_priority: int = setting(
         5,
-        "The priority of a document without a client id, and of every document while the store fails.",
+        "The priority of a document without a client id, and of one the counter store cannot count "
+        "though it answers (another release's store).",
         _whole,
     )
     key_prefix: str = setting("priority-router:", "The prefix of every key the router writes (no braces).")

@@ -161,8 +161,8 @@ class PriorityRouter:
         next reserved decision, so the documents get exactly the priorities they would have
         got one by one.  Publishes beyond ``n`` are counted as usual; reserved decisions the
         block leaves unused still count (a WARNING says so).  When the counter store fails,
-        the batch's documents get ``default_priority``, as single publishes do.  Each
-        document counts ``cost``.
+        the batch's documents are priced by this process's own counts, as single publishes
+        are.  Each document counts ``cost``.
         """
         client = self._client(client_id)
         self._no_inflight_batch()
@@ -194,10 +194,11 @@ class PriorityRouter:
             return any([store.clear(client) for store in stores])
 
     def decide(self, client_id: str, task_id: str | None = None, cost: object = None) -> Decision:
-        """Like :meth:`record`, but never raises: when the counter store fails the
-        decision is ``default_priority`` and later calls fail open at once until a background
-        probe sees the store answer; a cost that cannot be one is logged once and counted as
-        1 (``None``: none given).
+        """Like :meth:`record`, but never raises: when the counter store fails, the
+        decision is priced by this process's own count of the client's recent documents
+        (reason ``local``), and later calls are too, at once, until a background probe sees
+        the store answer; a cost that cannot be one is logged once and counted as 1
+        (``None``: none given).
         """
         return self._engine.decide(client_id, task_id, cost)
 
