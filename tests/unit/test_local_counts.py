@@ -56,6 +56,18 @@ def test_an_outage_goes_on_from_the_stores_count_and_the_store_goes_on_from_its_
     assert router.peek("giant").pending == -10
 
 
+def test_each_publishing_process_counts_only_its_own_share(server: fakeredis.FakeServer) -> None:
+    one, two = (PriorityRouter(redis_client=fakeredis.FakeRedis(server=server)) for _ in range(2))
+    for _ in range(5):
+        one.decide("giant")
+        two.decide("giant")
+    server.connected = False
+    # Each goes on from the count its own last publish was checked at (-8, -9), then alone.
+    assert [one.decide("giant").pending for _ in range(3)] == [-9, -10, -11]
+    assert [two.decide("giant").pending for _ in range(3)] == [-10, -11, -12]
+    assert two.decide("light").priority == 1
+
+
 def test_a_batch_and_costs_count_here_as_in_the_store(
     router: PriorityRouter, server: fakeredis.FakeServer
 ) -> None:
