@@ -5,7 +5,7 @@ One real worker (``--pool``, ``--concurrency``; documents hold a slot ``--doc-ms
 one publisher.  The giant publishes ``--giant`` documents evenly over ``--giant-spread``
 seconds; ``--outage-at`` seconds in, the counter store (a redis-server of the benchmark's
 own) stops answering for ``--outage`` seconds (``--fault``: ``sigstop``, ``pause`` for
-``CLIENT PAUSE``, ``restart`` for ``SHUTDOWN`` and a restart, empty); ``--light-clients``
+``CLIENT PAUSE``, ``restart``: stopped with SIGTERM and started again, empty); ``--light-clients``
 clients publish ``--light-docs`` each, evenly over the outage.  A wait is the worker's
 ``started_at`` minus the publisher's clock when ``send_task`` returned.
 
