@@ -124,6 +124,7 @@ def measure(
         "PRIORITY_ROUTER_REDIS_URL": store.url,
         "PRIORITY_ROUTER_KEY_PREFIX": f"bench-outage-{uuid.uuid4().hex[:6]}:",
         "PRIORITY_ROUTER_CONSUMER_CHECK_INTERVAL": "0",
+        "PRIORITY_ROUTER_MODE": args.mode,
     }
     app = publisher(config, env)
     seconds = args.doc_ms / 1000
@@ -256,6 +257,7 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--light-clients", type=int, default=10)
     parser.add_argument("--light-docs", type=int, default=3, help="documents per light client")
     parser.add_argument("--doc-ms", type=float, default=50, help="how long each document holds a slot")
+    parser.add_argument("--mode", choices=("seed", "inflight"), default="seed", help="the counting mode")
     parser.add_argument("--pool", default="threads")
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
