@@ -15,6 +15,8 @@ documents these as public, so each has a test that fails when a release changes 
   the gate read and the gate marks;
 - the consumer's hand-off of each request to the pool (``Consumer.on_task_request``), which
   the gate wraps;
+- Celery's command line (``celery.bin.celery``, ``celery.bin.worker``, click's context):
+  whether a ``celery worker`` command runs this, whose log is set up only later;
 - the worker's prefetch multiplier (``WorkController.prefetch_multiplier``), which the
   consumer is built from after ``worker_init``;
 - the consumer's prefetch window (``Consumer.qos``, ``Consumer.initial_prefetch_count``),
@@ -31,11 +33,16 @@ documents these as public, so each has a test that fails when a release changes 
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
 from celery._state import _task_stack
 from celery.worker import state as _state
+
+#: The modules of Celery's ``celery worker`` command and of the ``celery`` group it runs in.
+WORKER_COMMAND = "celery.bin.worker"
+CELERY_COMMAND = "celery.bin.celery"
 
 #: The attribute of ``app.amqp`` that builds the task sender, and the cached sender's.
 SENDER_BUILDER = "_create_task_sender"
@@ -143,6 +150,21 @@ def wrap_task_requests(consumer: Any, wrap: Callable[[Callable[[Any], Any]], Cal
     """Have ``consumer`` hand each request to ``wrap(its own hand-off)`` instead: the wrapper
     may run the request (calling the hand-off) or keep it from the pool (returning None)."""
     consumer.on_task_request = wrap(consumer.on_task_request)
+
+
+def in_worker_command() -> bool:
+    """Whether this runs inside Celery's ``celery worker`` command: loading the app for it,
+    reading its options (which reads the app's configuration), or running the worker it
+    starts.  Read from click's current context, the command's or its ``celery`` group's
+    (``invoked_subcommand``), named by the module of the function each calls."""
+    click = sys.modules.get("click")  # Celery's command line imports it; nothing else here does
+    context = click.get_current_context(silent=True) if click is not None else None
+    while context is not None:
+        module = getattr(getattr(context.command, "callback", None), "__module__", None)
+        if module == WORKER_COMMAND or (module == CELERY_COMMAND and context.invoked_subcommand == "worker"):
+            return True
+        context = context.parent
+    return False
 
 
 def set_prefetch_multiplier(worker: Any, multiplier: int) -> bool:

@@ -11,7 +11,10 @@ these moments:
 - when a worker starts (``celeryd_init``, before the worker reads its settings, and
   ``worker_init``, for workers started from code).  A ``celery worker`` sets its log up
   later: what the router says as it starts, a refusal included, waits for
-  ``celeryd_after_setup`` (before it consumes anything), so it reaches ``--logfile``.
+  ``celeryd_after_setup`` (before it consumes anything), so it reaches ``--logfile``; so
+  does what it says while the command loads the app and reads its options (which reads
+  the configuration, before ``celeryd_init``).  What keeping a setting costs is said at
+  ``celeryd_init``, once the pool and the command line's settings are known.
 
 A setting the user chose is kept and a warning names its cost, once.  In dry run no
 setting is changed: one WARNING per app says what would be.  A broker the
@@ -24,6 +27,7 @@ does, and nothing of the router keeps the app alive.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import logging
 import logging.handlers
@@ -198,6 +202,8 @@ def settle(app: Celery) -> Transport | None:
 
 def _settle(app: Celery, installation: Installation, publisher: bool = False) -> Transport:
     router, receiver, warned = installation.engine, installation.receiver, installation.warned
+    if _before_worker_log():
+        _hold_records()  # a `celery worker` reading its options: said once its log is set up
     try:
         _follow_settings(app, installation)
     except ConfigurationError as exc:
@@ -283,7 +289,10 @@ def settings_error(app: Celery) -> ConfigurationError | None:
 def _apply(app: Celery, installation: Installation, transport: Transport, changes: list[Change]) -> None:
     warned = installation.warned
     installation.applied.update(apply_changes(app, changes))
-    warn_kept(changes, warned)
+    # A `celery worker` still reading its options knows neither its pool nor its command
+    # line's settings (--disable-prefetch): what keeping a value costs is said at its start.
+    if installation.logs_later or not _before_worker_log():
+        warn_kept(changes, warned)
     if transport is Transport.AMQP:
         quorum = quorum_queue_names(app)
         # INFO here, in every process that loads the app: a worker says what its own quorum
@@ -367,6 +376,8 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
 def _on_worker_setup(sender: Any = None, instance: Any = None, **_: Any) -> None:
     """A ``celery worker``, its log set up and nothing consumed yet: what it could not say
     before."""
+    global _worker_log_ready
+    _worker_log_ready = True
     _release_records()
     app, installation = _installed_on(instance)
     if installation is None:
@@ -457,15 +468,26 @@ def _on_worker_ready(sender: Any = None, **_: Any) -> None:
 
 
 _held: logging.handlers.BufferingHandler | None = None
+#: A ``celery worker`` of this process has set its log up (``celeryd_after_setup``).
+_worker_log_ready = False
+
+
+def _before_worker_log() -> bool:
+    """Whether this process runs a ``celery worker`` command that has not set its log up
+    yet: it loads the app and reads its configuration (for its options' defaults) before
+    ``celeryd_init``, and a record said then went to a bare stderr, not to ``--logfile``."""
+    return not _worker_log_ready and celery_internals.in_worker_command()
 
 
 def _hold_records() -> None:
-    """Keep the router's log records until the starting worker's log is set up."""
+    """Keep the router's log records until the starting worker's log is set up (or this
+    process exits before it is: then they go where Python's logging sends them)."""
     global _held
     if _held is None:
         _held = logging.handlers.BufferingHandler(sys.maxsize)  # never full: released by hand
         logger.addHandler(_held)
         logger.propagate = False
+        atexit.register(_release_records)
 
 
 def _release_records() -> None:
