@@ -16,6 +16,7 @@ from enum import Enum
 from typing import Any
 
 from celery import Celery
+from celery.app.defaults import DEFAULTS
 from kombu.transport.redis import PRIORITY_STEPS as KOMBU_PRIORITY_STEPS
 from kombu.transport.redis import Channel as KombuRedisChannel
 
@@ -50,6 +51,13 @@ COSTS = {
     "Celery's green loop take about one message per 0.1 s (about 10 documents a second "
     "whatever the concurrency), and the messages reserved meanwhile run ahead of urgent ones",
 }
+
+
+#: Celery 5.6 added ``worker_disable_prefetch``: before it, the key does nothing.
+HAS_DISABLE_PREFETCH = "worker_disable_prefetch" in DEFAULTS
+
+#: What ``worker_disable_prefetch`` does to the multiplier (doctor, the worker's start line).
+DISABLED_PREFETCH = "each worker reserves no more documents than its pool runs, whatever the multiplier"
 
 
 class Where(Enum):
@@ -119,10 +127,10 @@ def wanted_changes(
     not the user's choice."""
     applied = applied or {}
     green_redis = pool is not None and pool.green and transport is Transport.REDIS
-    changes: list[Change | None] = [
-        _setting(app, "worker_prefetch_multiplier", 0 if green_redis else 1, applied),
-        _setting(app, "task_acks_late", True, applied),
-    ]
+    prefetch = _setting(app, "worker_prefetch_multiplier", 0 if green_redis else 1, applied)
+    if prefetch is not None and prefetch.kept and not green_redis and prefetch_disabled(app.conf, transport):
+        prefetch = None  # the user's multiplier reserves nothing ahead: Celery's own limit rules
+    changes: list[Change | None] = [prefetch, _setting(app, "task_acks_late", True, applied)]
     if transport is Transport.REDIS:
         changes += _redis_options(app)
         if green_redis:
@@ -135,6 +143,14 @@ def wanted_changes(
     lacking = [c for c in changes if c is not None]
     namespace = getattr(app, "namespace", None)
     return [replace(c, namespace=namespace) for c in lacking] if namespace else lacking
+
+
+def prefetch_disabled(conf: Mapping[str, Any], transport: Transport | None) -> bool:
+    """Whether Celery's ``worker_disable_prefetch`` (5.6 and later; ``--disable-prefetch``)
+    is on and works on ``transport``: a worker then takes a message only while it holds
+    fewer than its pool's processes, whatever ``worker_prefetch_multiplier`` says (Celery
+    ignores it on other brokers than Redis, and before 5.6 there is no such setting)."""
+    return transport is Transport.REDIS and HAS_DISABLE_PREFETCH and bool(conf.get("worker_disable_prefetch"))
 
 
 def _setting(app: Celery, key: str, wanted: object, applied: Mapping[str, object]) -> Change | None:

@@ -23,6 +23,7 @@ from kombu.transport.redis import PRIORITY_STEPS as KOMBU_PRIORITY_STEPS
 from ..forks import renew_after_fork
 from ..thresholds import LEAST_URGENT, MOST_URGENT
 from .brokers import Transport, to_wire
+from .celery_settings import prefetch_disabled
 
 logger = logging.getLogger("priority_router")
 
@@ -110,12 +111,12 @@ AHEAD_FIX = (
 )
 
 
-def taking_ahead(found: Iterable[Consumer]) -> list[str]:
+def taking_ahead(found: Iterable[Consumer], transport: Transport | None = None) -> list[str]:
     """One line per worker of ``found`` whose own settings take documents ahead of their
-    turn: a prefetch multiplier above 1 (0 is what a green pool on Redis runs with), or
-    early acknowledgements (a slot's next document is fetched as its current one starts).
-    A worker without the router runs Celery's defaults, both of them; so does one with the
-    router in dry run."""
+    turn: a prefetch multiplier above 1 (0 is what a green pool on Redis runs with) without
+    Celery's ``worker_disable_prefetch`` on ``transport``, or early acknowledgements (a
+    slot's next document is fetched as its current one starts).  A worker without the
+    router runs Celery's defaults, both of them; so does one with the router in dry run."""
     said: dict[str, str] = {}
     for c in found:
         if c.conf is None or c.worker in said:
@@ -123,7 +124,8 @@ def taking_ahead(found: Iterable[Consumer]) -> list[str]:
         # ``conf`` gives only what differs from Celery's defaults.
         multiplier = c.conf.get("worker_prefetch_multiplier", DEFAULTS["worker_prefetch_multiplier"])
         acks_late = c.conf.get("task_acks_late", DEFAULTS["task_acks_late"])
-        if isinstance(multiplier, int) and multiplier <= 1 and acks_late is True:
+        bounded = prefetch_disabled(c.conf, transport) or (isinstance(multiplier, int) and multiplier <= 1)
+        if bounded and acks_late is True:
             continue
         said[c.worker] = (
             f"worker {c.worker} (consuming {c.queue!r}) runs worker_prefetch_multiplier={multiplier!r}, "

@@ -62,7 +62,16 @@ from ..redact import redact_url
 from ..thresholds import table_name
 from . import celery_internals
 from .brokers import Transport, from_wire, transport_of
-from .celery_settings import Change, apply_changes, describe, first_time, wanted_changes, warn_kept
+from .celery_settings import (
+    DISABLED_PREFETCH,
+    Change,
+    apply_changes,
+    describe,
+    first_time,
+    prefetch_disabled,
+    wanted_changes,
+    warn_kept,
+)
 from .consumers import check_at_start
 from .endings import end_unsent, watch_endings
 from .gate import start_gate, watch_gate
@@ -403,6 +412,8 @@ def _say_started(app: Celery, installation: Installation, transport: Transport) 
     pool = installation.pool
     if pool is not None and pool.green and transport is Transport.AMQP:
         shown += f", broker_heartbeat={conf.broker_heartbeat}"  # the router set it, or kept yours
+    if prefetch_disabled(conf, transport):
+        shown += f", worker_disable_prefetch=True ({DISABLED_PREFETCH})"
     logger.info(
         "priority-router on %r: mode=%s%s, thresholds %s, counter store %s, key prefix %r, %s broker, %s; "
         "worker_prefetch_multiplier=%s, task_acks_late=%s%s",

@@ -29,7 +29,15 @@ from ..config import unknown_celery_settings, unknown_env_settings, with_closest
 from ..integration.app_queues import declare_routed, queue_names
 from ..integration.brokers import AMQP_MAX_PRIORITY, Transport, transport_of
 from ..integration.celery_internals import priority_list
-from ..integration.celery_settings import COSTS, REDIS_PRIORITY_STEPS, Change, describe, wanted_changes
+from ..integration.celery_settings import (
+    COSTS,
+    DISABLED_PREFETCH,
+    REDIS_PRIORITY_STEPS,
+    Change,
+    describe,
+    prefetch_disabled,
+    wanted_changes,
+)
 from ..integration.consumers import AHEAD_FIX, FIX, Consumer, blindness, consumers, taking_ahead
 from ..integration.install import STOPGAP, applied_settings, settings_error, settle, unpriced_effect
 from ..integration.old_kombu import FIX as KOMBU_FIX
@@ -227,6 +235,8 @@ def _check_prefetch(app: Celery, transport: Transport, pool: WorkerPool | None =
     if "prefetch" not in checks:
         options = app.conf.broker_transport_options or {}
         shown = f"worker_prefetch_multiplier={app.conf.worker_prefetch_multiplier}"
+        if prefetch_disabled(app.conf, transport):
+            shown += f", worker_disable_prefetch=True ({DISABLED_PREFETCH})"
         if pool.green and transport is Transport.REDIS:
             shown += f", max_connections={options.get('max_connections')}"
         if pool.green and transport is Transport.AMQP and "heartbeat" not in checks:
@@ -594,7 +604,7 @@ def _check_consumers(
     # What the prefetch and acks_late lines above judge is this app as loaded here, with
     # this shell's environment; the workers' own settings may differ (environment variables
     # are per process).
-    ahead = taking_ahead(found)
+    ahead = taking_ahead(found, transport)
     for detail in ahead:
         yield Finding("workers", False, detail, AHEAD_FIX)
     unread = sorted({c.worker for c in found if c.conf is None})

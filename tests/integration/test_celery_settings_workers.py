@@ -20,6 +20,7 @@ from click.testing import CliRunner
 from support.services import (
     ROOT,
     broker_db_url,
+    running_worker,
     stop_process,
     worker_command,
     worker_environment,
@@ -87,3 +88,31 @@ def test_a_kept_setting_is_warned_in_the_workers_logfile(
     assert "WARNING/MainProcess] priority-router keeps your" in warning, said
     assert said.count("keeps your") == 1, said
     assert "keeps your" not in console.read_text(), console.read_text()
+
+
+@needs_disable_prefetch
+def test_disable_prefetch_neutralises_the_multiplier(
+    app_module: AppFactory, redis_server_url: str, tmp_path: Path
+) -> None:
+    """With Celery's ``worker_disable_prefetch`` on Redis, a worker at the user's multiplier
+    of 4 takes no document beyond the ones its pool runs: neither its log nor doctor may
+    say it reserves documents ahead."""
+    settings = {"worker_prefetch_multiplier": 4, "worker_disable_prefetch": True, "imports": ["worker_tasks"]}
+    name = app_module(broker_db_url(redis_server_url), f"q-{uuid.uuid4().hex[:8]}", _alone(settings))
+    app = _app(name)
+    env = {"PYTHONPATH": str(tmp_path)}
+    with running_worker(env, "--pool", "threads", "--concurrency", "2", app=name) as worker:
+        for n in range(8):
+            app.send_task("tests.hold_and_record", (5.0,), headers={"client_id": f"c{n}"})
+        _wait_for(lambda: worker.output().count(" received") >= 2, "the worker took no document")
+        time.sleep(1.0)  # a worker reserving ahead takes all 8 (2 slots x 4) by now
+        received = worker.output().count(" received")
+        findings = _doctor(name)
+        log = worker.output()
+    assert received == 2, log
+    assert "keeps your" not in log, log
+    assert "worker_prefetch_multiplier=4, task_acks_late=True, worker_disable_prefetch=True" in log
+    failed = {f["check"]: f["detail"] for f in findings if not f["ok"]}
+    assert not {"prefetch", "workers"} & set(failed), failed
+    (prefetch,) = [f for f in findings if f["check"] == "prefetch"]
+    assert "worker_prefetch_multiplier=4, worker_disable_prefetch=True" in prefetch["detail"]

@@ -1,12 +1,71 @@
-"""How the router knows a ``celery worker`` command is starting (its log not yet set up)."""
+"""Celery 5.6's ``worker_disable_prefetch`` beside the router's prefetch settings, and how
+the router knows a ``celery worker`` command is starting (its log not yet set up)."""
 
 from __future__ import annotations
 
+import logging
+
 import click
+import fakeredis
+import pytest
+from celery import Celery
+from celery.app.defaults import DEFAULTS
 from celery.bin.celery import celery as celery_group
 from celery.bin.worker import worker as worker_command
 
+from priority_router import PriorityRouter, Transport
 from priority_router.integration import celery_internals
+from priority_router.integration.celery_settings import wanted_changes
+from priority_router.integration.consumers import Consumer, taking_ahead
+from priority_router.integration.pools import pool_named
+
+HAS_DISABLE_PREFETCH = "worker_disable_prefetch" in DEFAULTS
+needs_disable_prefetch = pytest.mark.skipif(
+    not HAS_DISABLE_PREFETCH, reason="Celery before 5.6 has no worker_disable_prefetch"
+)
+
+
+def _app(broker: str, **settings: object) -> Celery:
+    app = Celery("a", broker=broker, set_as_current=False)
+    app.conf.update(worker_prefetch_multiplier=4, worker_disable_prefetch=True, **settings)
+    return app
+
+
+def _multiplier_kept(app: Celery, transport: Transport, pool: str = "prefork") -> bool:
+    changes = wanted_changes(app, transport, pool_named(pool, 4))
+    return any(c.key == "worker_prefetch_multiplier" and c.kept for c in changes)
+
+
+@needs_disable_prefetch
+def test_disable_prefetch_neutralises_the_users_multiplier_on_redis(caplog: pytest.LogCaptureFixture) -> None:
+    """A worker with it takes a message only while it holds fewer than its pool runs: the
+    multiplier reserves nothing ahead, so keeping it costs nothing and is not warned."""
+    app = _app("redis://127.0.0.1:1/0")
+    assert not _multiplier_kept(app, Transport.REDIS)
+    with caplog.at_level(logging.WARNING, "priority_router"):
+        PriorityRouter(redis_client=fakeredis.FakeRedis()).install(app)
+    assert app.conf.worker_prefetch_multiplier == 4
+    assert "worker_prefetch_multiplier" not in caplog.text
+
+
+@needs_disable_prefetch
+def test_disable_prefetch_does_not_excuse_the_multiplier_where_celery_ignores_it() -> None:
+    """Celery ignores it on RabbitMQ; a green pool on Redis still wants the router's 0."""
+    assert _multiplier_kept(_app("amqp://guest:guest@127.0.0.1:1//"), Transport.AMQP)
+    assert _multiplier_kept(_app("redis://127.0.0.1:1/0"), Transport.REDIS, pool="gevent")
+
+
+@pytest.mark.skipif(HAS_DISABLE_PREFETCH, reason="Celery 5.6 and later have worker_disable_prefetch")
+def test_disable_prefetch_does_nothing_before_celery_5_6() -> None:
+    assert _multiplier_kept(_app("redis://127.0.0.1:1/0"), Transport.REDIS)
+
+
+def test_a_worker_with_disable_prefetch_on_redis_takes_nothing_ahead() -> None:
+    """doctor's workers line, from the live workers' own settings."""
+    conf = {"worker_prefetch_multiplier": 4, "task_acks_late": True, "worker_disable_prefetch": True}
+    found = [Consumer("w@h", "documents", {}, conf)]
+    assert taking_ahead(found, Transport.REDIS) == ([] if HAS_DISABLE_PREFETCH else taking_ahead(found))
+    assert "worker_prefetch_multiplier=4" in taking_ahead(found, Transport.AMQP)[0]
 
 
 def test_the_worker_command_is_told_by_celerys_own_commands() -> None:
