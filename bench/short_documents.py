@@ -16,10 +16,15 @@ modes run in turn, ``--repeat`` rounds, in the reverse order every other round:
 - not run unless asked, to split the gap: ``floor-steps`` (``floor`` plus those two Redis
   transport options), ``prefetch1-early`` (multiplier 1, early acks), ``prefetch4-late``
   (multiplier 4, late acks), ``dp-early`` (multiplier 1, early acks and Celery's
-  ``worker_disable_prefetch``, Redis only), ``floor-dp`` / ``router-dp`` (with
-  ``worker_disable_prefetch``), ``router-pN`` (the router with the user's
-  ``worker_prefetch_multiplier=N``) and ``router-kN`` (the router's window N documents
-  wider, ``bench/short_app.py``).
+  ``worker_disable_prefetch``, Redis only), ``floor-dp`` (with
+  ``worker_disable_prefetch``), ``router-kN`` (the router's window N documents wider,
+  ``bench/short_app.py``), and the router with settings of the user's, in this order:
+  ``-pN`` (``worker_prefetch_multiplier=N``), ``-dp`` (Celery 5.6's
+  ``worker_disable_prefetch``), ``-eN`` (``worker_eta_task_limit=N``), ``-cN`` (N documents
+  of another client with a countdown of ``--countdown-s`` seconds, published before
+  everything else: a worker holds them, unacknowledged, until they come due; they are not
+  waited for nor counted): ``router-dp``, ``router-p4``, ``router-p4-dp``, ``router-c10``,
+  ``router-e10-c10``.
 
 The task keeps Celery's early acks, as most projects' tasks do, except in the modes named
 late, where it is ``workers.hold_document``.  ``--profile DIR`` samples each worker and its
@@ -34,6 +39,7 @@ Every document must run once; a document run twice or a CRITICAL line is counted
     python bench/short_documents.py --broker redis://127.0.0.1:6391/1 --redis redis://127.0.0.1:6391/1
     python bench/short_documents.py --broker amqp://guest:guest@127.0.0.1:5672/short --pools prefork
     python bench/short_documents.py --modes plain,floor,router,router-p2 --light-after 0.5
+    python bench/short_documents.py --pools prefork --modes plain,router,router-c10,router-e10-c10
 """
 
 from __future__ import annotations
@@ -83,13 +89,26 @@ def mode_settings(mode: str) -> tuple[bool, str, list[str], dict[str, Any], dict
         return False, "workers.hold_document", [], {}, {}
     if mode == "router":
         return True, "workers.sleep_document", [], {}, {}
-    if mode == "router-dp":
-        return True, "workers.sleep_document", [], {"worker_disable_prefetch": True}, {}
     if mode.startswith("router-k") and mode[8:].isdigit():
         return True, "workers.sleep_document", [], {}, {"WINDOW_EXTRA": mode[8:]}
-    if mode.startswith("router-p") and mode[8:].isdigit():
-        return True, "workers.sleep_document", [], {"worker_prefetch_multiplier": int(mode[8:])}, {}
-    raise SystemExit(f"unknown mode {mode!r}")
+    matched = _ROUTER_MODE.fullmatch(mode)
+    if matched is None:
+        raise SystemExit(f"unknown mode {mode!r}")
+    multiplier, disable, limit, countdown = matched.groups()
+    settings: dict[str, Any] = {}
+    options: dict[str, Any] = {"COUNTDOWN": int(countdown)} if countdown else {}
+    if multiplier:
+        settings["worker_prefetch_multiplier"] = int(multiplier)
+    if disable:
+        settings["worker_disable_prefetch"] = True
+    if limit:
+        settings["worker_eta_task_limit"] = int(limit)
+    return True, "workers.sleep_document", [], settings, options
+
+
+#: ``router``, with the user's ``-pN`` multiplier, ``-dp`` disable prefetch, ``-eN`` eta
+#: limit, and ``-cN`` countdown documents.
+_ROUTER_MODE = re.compile(r"router(?:-p(\d+))?(-dp)?(?:-e(\d+))?(?:-c(\d+))?")
 
 
 #: Plain Celery's defaults where the example app differs: no events, no results kept.  A
@@ -125,6 +144,7 @@ def run(mode: str, pool: str, args: argparse.Namespace, dbs: RedisDatabases) -> 
     }
     if "WINDOW_EXTRA" in options:
         env["WINDOW_EXTRA"] = options.pop("WINDOW_EXTRA")
+    countdown = options.pop("COUNTDOWN", 0)
     if options:
         env["BROKER_TRANSPORT_OPTIONS"] = json.dumps(options)
     app = create_app(env)
@@ -137,6 +157,9 @@ def run(mode: str, pool: str, args: argparse.Namespace, dbs: RedisDatabases) -> 
             r = app.send_task(task, (f"light{n}", f"l{n}", seconds), headers={"client_id": f"light{n}"})
             published[r.id] = ("light", time.time())
 
+    for n in range(countdown):
+        later = ("later", f"c{n}", seconds)
+        app.send_task(task, later, headers={"client_id": "later"}, countdown=args.countdown_s)
     for n in range(args.heavy):
         r = app.send_task(task, ("heavy", f"h{n}", seconds), headers={"client_id": "heavy"})
         published[r.id] = ("heavy", time.time())
@@ -218,6 +241,7 @@ def main() -> None:
     parser.add_argument("--light", type=int, default=10)
     parser.add_argument("--light-after", type=float, default=None)
     parser.add_argument("--doc-ms", type=float, default=20)
+    parser.add_argument("--countdown-s", type=float, default=300, help="the -cN modes' countdown")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=180)
     parser.add_argument("--profile", default=None, help="a directory: py-spy samples each worker into it")

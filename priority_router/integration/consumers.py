@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -83,6 +83,18 @@ def consumers(
             if isinstance(name, str) and (wanted is None or name in wanted):
                 found.append(Consumer(worker, name, queue, confs.get(worker)))
     return found
+
+
+def eta_held(app: Celery, workers: Collection[str], timeout: float = 1.0) -> dict[str, int]:
+    """How many eta and countdown tasks each of ``workers`` holds until they come due
+    (Celery's ``inspect scheduled``); a worker that did not answer within ``timeout``
+    seconds is left out."""
+    if not workers:
+        return {}
+    with app.connection_for_write() as conn:
+        inspect = app.control.inspect(sorted(workers), timeout=timeout, connection=conn, limit=len(workers))
+        answered: dict[str, list[Any]] = inspect.scheduled() or {}
+    return {worker: len(held or ()) for worker, held in answered.items() if worker in workers}
 
 
 def blind_workers(

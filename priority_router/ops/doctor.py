@@ -38,7 +38,7 @@ from ..integration.celery_settings import (
     prefetch_disabled,
     wanted_changes,
 )
-from ..integration.consumers import AHEAD_FIX, FIX, Consumer, blindness, consumers, taking_ahead
+from ..integration.consumers import AHEAD_FIX, FIX, Consumer, blindness, consumers, eta_held, taking_ahead
 from ..integration.install import STOPGAP, applied_settings, settings_error, settle, unpriced_effect
 from ..integration.old_kombu import FIX as KOMBU_FIX
 from ..integration.old_kombu import shortfalls
@@ -125,6 +125,7 @@ def diagnose(app: Celery, pool: WorkerPool | None = None) -> list[Finding]:
     # Caps are checked against the workers answering, else the pool given: never a guess.
     checks["limits"] = functools.partial(_check_limits, pool=given, stats=stats)
     checks["workers"] = functools.partial(_check_consumers, answered=answered)
+    checks["eta tasks"] = functools.partial(_check_eta, answered=answered)
     for name, check in checks.items():
         try:
             findings.extend(check(app, transport))
@@ -624,6 +625,67 @@ def _check_consumers(
         )
 
 
+#: What to do about eta and countdown tasks on the document workers.
+ETA_FIX = (
+    "send eta and countdown tasks to a queue of their own with workers of their own (task_routes, "
+    "or apply_async(queue=...)), so the document workers hold none; or leave worker_eta_task_limit "
+    "unset, or set it above the eta tasks a worker holds at once plus its pool's size (docs/brokers.md)"
+)
+
+
+def _check_eta(
+    app: Celery, transport: Transport, answered: Callable[[], list[Consumer] | None] | None = None
+) -> Iterator[Finding]:
+    """Eta and countdown tasks the workers of the app's queues hold until they come due:
+    each holds a place in its worker's prefetch window, which Celery widens by one for
+    each, up to ``worker_eta_task_limit`` (Celery 5.6): a worker holding that many takes no
+    document until one comes due."""
+    if transport not in (Transport.REDIS, Transport.AMQP):
+        return
+    found = answered() if answered is not None else consumers(app, set(queue_names(app)))
+    confs = {c.worker: c.conf for c in found or ()}
+    held = eta_held(app, set(confs))
+    here = app.conf.get("worker_eta_task_limit")
+    stalled = False
+    for worker, count in sorted(held.items()):
+        conf = confs[worker]
+        limit = here if conf is None else conf.get("worker_eta_task_limit")
+        if count and isinstance(limit, int) and count >= limit:
+            stalled = True
+            yield Finding(
+                "eta tasks",
+                False,
+                f"worker {worker} holds {count} eta/countdown task(s), as many as its "
+                f"worker_eta_task_limit={limit}: they fill the prefetch window that setting caps, so it "
+                "takes no document until one comes due",
+                ETA_FIX,
+            )
+    if stalled:
+        return
+    if held:
+        now = f"{sum(held.values())} held now by the {len(held)} worker(s) answering"
+    else:
+        now = "no worker of these queues answered"
+    if isinstance(here, int):
+        yield Finding(
+            "eta tasks",
+            True,
+            f"worker_eta_task_limit={here}: a worker's eta and countdown tasks hold places in the "
+            f"prefetch window this caps, so a worker holding {here} of them takes no document until "
+            f"one comes due ({now})",
+            ETA_FIX,
+        )
+    else:
+        yield Finding(
+            "eta tasks",
+            True,
+            f"eta and countdown tasks: {now}. A worker holds each one it takes, unacknowledged, until "
+            "it comes due, and widens its prefetch window by one for it, so its documents keep their "
+            "slots; once due, it runs ahead of the documents waiting in the queue, whatever their priority",
+            ETA_FIX if any(held.values()) else "",
+        )
+
+
 def _check_tasks(app: Celery, transport: Transport) -> Iterator[Finding]:
     router = installed_router(app)
     patterns = None if router is None else router.config.tasks
@@ -838,6 +900,7 @@ _CHECKS: dict[str, Check] = {
     "x-max-priority": _check_amqp_queues,
     "counter store": _check_counter,
     "workers": _check_consumers,
+    "eta tasks": _check_eta,
     "task_default_priority": _check_default_priority,
     "limits": _check_limits,
 }

@@ -116,3 +116,43 @@ def test_disable_prefetch_neutralises_the_multiplier(
     assert not {"prefetch", "workers"} & set(failed), failed
     (prefetch,) = [f for f in findings if f["check"] == "prefetch"]
     assert "worker_prefetch_multiplier=4, worker_disable_prefetch=True" in prefetch["detail"]
+
+
+@pytest.mark.parametrize(
+    "limit", [None, pytest.param(3, marks=needs_eta_task_limit)], ids=["unlimited", "limit"]
+)
+def test_doctor_names_eta_tasks_held_by_the_workers(
+    app_module: AppFactory, redis_server_url: str, tmp_path: Path, limit: int | None
+) -> None:
+    """Countdown tasks a worker holds until they come due fill the prefetch window that
+    ``worker_eta_task_limit`` caps: with 3 held at a limit of 3 the worker takes no
+    document (a light client's waits until they come due), and doctor fails it, naming
+    the worker and the way out.  Without the limit the window widens by one for each."""
+    settings: dict[str, Any] = {"imports": ["worker_tasks"]}
+    if limit is not None:
+        settings["worker_eta_task_limit"] = limit
+    name = app_module(broker_db_url(redis_server_url), f"q-{uuid.uuid4().hex[:8]}", _alone(settings))
+    app = _app(name)
+    env = {"PYTHONPATH": str(tmp_path)}
+    with running_worker(env, "--pool", "threads", "--concurrency", "2", app=name) as worker:
+        for _ in range(3):
+            app.send_task("tests.hold_and_record", (0.0,), headers={"client_id": "later"}, countdown=300)
+        _wait_for(lambda: worker.output().count(" received") >= 3, "the countdown tasks were not received")
+        light = app.send_task(
+            "tests.record_request", kwargs={"client_id": "light"}, headers={"client_id": "light"}
+        )
+        time.sleep(2.0)  # a worker with free slots runs it at once
+        ran = f"Task tests.record_request[{light.id}] succeeded" in worker.output()
+        findings = _doctor(name)
+        log = worker.output()
+    (eta,) = [f for f in findings if f["check"] == "eta tasks"]
+    if limit is None:
+        assert ran, log
+        assert eta["ok"], eta
+        assert "eta and countdown tasks: 3 held now by the 1 worker(s) answering" in eta["detail"], eta
+        return
+    assert not ran, log
+    assert not eta["ok"], eta
+    assert "holds 3 eta/countdown task(s), as many as its worker_eta_task_limit=3" in eta["detail"], eta
+    assert "takes no document until one comes due" in eta["detail"]
+    assert "queue of their own" in eta["fix"]
