@@ -64,15 +64,15 @@ def _wait_for(condition: Callable[[], bool], what: str, timeout: float = 30) -> 
         time.sleep(0.1)
 
 
-def test_a_kept_setting_is_warned_in_the_workers_logfile(
+def test_the_routers_warnings_at_start_are_in_the_workers_logfile(
     app_module: AppFactory, redis_server_url: str, tmp_path: Path
 ) -> None:
     """``celery worker`` reads the app's configuration for its options' defaults before it
-    sets its log up: the router's warning about a kept setting went to a bare stderr then,
-    not to ``--logfile`` (with ``--detach`` or systemd, the only log anyone reads)."""
-    name = app_module(
-        broker_db_url(redis_server_url), f"q-{uuid.uuid4().hex[:8]}", {"worker_prefetch_multiplier": 4}
-    )
+    sets its log up: the router's warnings about a kept setting and a misspelt one went to
+    a bare stderr then, not to ``--logfile`` (with ``--detach`` or systemd, the only log
+    anyone reads)."""
+    settings = {"worker_prefetch_multiplier": 4, "priority_router_mdoe": "inflight"}
+    name = app_module(broker_db_url(redis_server_url), f"q-{uuid.uuid4().hex[:8]}", settings)
     log = tmp_path / "worker.log"
     env = worker_environment({"PYTHONPATH": str(tmp_path)})
     command = worker_command("--pool", "solo", "--logfile", str(log), app=name)
@@ -87,7 +87,8 @@ def test_a_kept_setting_is_warned_in_the_workers_logfile(
     warning = next(line for line in said.splitlines() if "keeps your worker_prefetch_multiplier=4" in line)
     assert "WARNING/MainProcess] priority-router keeps your" in warning, said
     assert said.count("keeps your") == 1, said
-    assert "keeps your" not in console.read_text(), console.read_text()
+    assert "WARNING/MainProcess] priority-router ignores priority_router_mdoe" in said, said
+    assert "priority-router" not in console.read_text(), console.read_text()
 
 
 @needs_disable_prefetch
