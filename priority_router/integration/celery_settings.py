@@ -38,6 +38,10 @@ COSTS = {
     "the running tasks fill stalls the worker for up to 2 s each time it fills (kombu pauses "
     "its BRPOP and the blocking loop is not woken when a late ack frees a slot); 0 lets the "
     "pool itself bound what the worker takes",
+    "worker_disable_prefetch": "on a gevent or eventlet pool with the Redis broker, the worker "
+    "takes no message while its pool is full, and kombu's blocking loop is not woken when a task "
+    "ends, so it stalls for up to 2 s each time its pool fills (the router's prefetch multiplier "
+    "of 0 lets the pool itself bound what the worker takes)",
     "max_connections": "on a gevent or eventlet pool, acks beyond kombu's connection limit fail "
     "with MaxConnectionsError (logged CRITICAL) and those documents are delivered and run again",
     "task_acks_late": "a message is acknowledged before it runs, so the worker fetches "
@@ -136,6 +140,8 @@ def wanted_changes(
         if green_redis:
             assert pool is not None
             changes += _redis_connections(app, pool, applied)
+            if prefetch_disabled(app.conf, transport):  # only the user turns it on
+                changes.append(Change(Where.SETTING, "worker_disable_prefetch", True, False, kept=True))
     elif transport is Transport.AMQP:
         if pool is not None and pool.green:
             changes.append(_setting(app, "broker_heartbeat", 0, applied))

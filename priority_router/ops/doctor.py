@@ -218,6 +218,7 @@ def _check_kombu(app: Celery, transport: Transport, pool: WorkerPool | None = No
 #: The settings a worker pool needs, by the doctor check that reports each.
 _POOL_CHECKS = {
     "worker_prefetch_multiplier": "prefetch",
+    "worker_disable_prefetch": "prefetch",
     "max_connections": "prefetch",
     "broker_heartbeat": "heartbeat",
 }
@@ -254,6 +255,11 @@ def _check_prefetch(app: Celery, transport: Transport, pool: WorkerPool | None =
         fix = f"set {change.shown(change.wanted)}" + (
             "" if router is None else " (install() does unless you set it yourself)"
         )
+        if change.key == "worker_disable_prefetch":
+            fix = (
+                "set worker_disable_prefetch = False for these workers and drop --disable-prefetch from "
+                "their command line, or run them on the threads or prefork pool"
+            )
         if change.key == "broker_heartbeat":
             fix = (
                 "set broker_heartbeat = 0 for these workers (CELERY_BROKER_HEARTBEAT = 0 in Django "

@@ -42,8 +42,8 @@ def _app(name: str) -> Celery:
     return importlib.import_module(name).app  # type: ignore[no-any-return]
 
 
-def _doctor(name: str) -> list[dict[str, Any]]:
-    result = CliRunner().invoke(main, ["doctor", "-A", name, "--json"])
+def _doctor(name: str, *args: str) -> list[dict[str, Any]]:
+    result = CliRunner().invoke(main, ["doctor", "-A", name, *args, "--json"])
     try:
         findings: list[dict[str, Any]] = json.loads(result.output)
     except json.JSONDecodeError:
@@ -117,6 +117,26 @@ def test_disable_prefetch_neutralises_the_multiplier(
     assert not {"prefetch", "workers"} & set(failed), failed
     (prefetch,) = [f for f in findings if f["check"] == "prefetch"]
     assert "worker_prefetch_multiplier=4, worker_disable_prefetch=True" in prefetch["detail"]
+
+
+@needs_disable_prefetch
+def test_disable_prefetch_on_a_gevent_worker_with_redis_is_warned_and_failed(
+    app_module: AppFactory, redis_server_url: str, tmp_path: Path
+) -> None:
+    """There it stalls the worker each time its pool fills (0.05-0.30x plain Celery's rate,
+    docs/brokers.md), the stall the router's multiplier of 0 avoids: said in the worker's
+    log as it starts, and failed by doctor, both naming the setting and the way out."""
+    settings = {"worker_disable_prefetch": True}
+    name = app_module(broker_db_url(redis_server_url), f"q-{uuid.uuid4().hex[:8]}", _alone(settings))
+    env = {"PYTHONPATH": str(tmp_path)}
+    with running_worker(env, "--pool", "gevent", "--concurrency", "20", app=name) as worker:
+        log = worker.output()
+    warning = next(line for line in log.splitlines() if "keeps your worker_disable_prefetch=True" in line)
+    assert "WARNING" in warning and "stalls for up to 2 s each time its pool fills" in warning, log
+    findings = _doctor(name, "-P", "gevent", "-c", "20")
+    (failed,) = [f for f in findings if f["check"] == "prefetch" and not f["ok"]]
+    assert "worker_disable_prefetch=True" in failed["detail"], failed
+    assert "set worker_disable_prefetch = False" in failed["fix"], failed
 
 
 @pytest.mark.parametrize(

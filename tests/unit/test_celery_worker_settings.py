@@ -82,3 +82,20 @@ def test_the_worker_command_is_told_by_celerys_own_commands() -> None:
         root.invoked_subcommand = "beat"
         assert not celery_internals.in_worker_command()
     assert not celery_internals.in_worker_command()
+
+
+@needs_disable_prefetch
+def test_disable_prefetch_on_a_green_pool_with_redis_is_warned() -> None:
+    """There it stalls the worker each time its pool fills, as a multiplier of 1 does: the
+    router's 0 cannot help, since Celery's own check stops the worker taking messages."""
+    app = Celery("a", broker="redis://127.0.0.1:1/0", set_as_current=False)
+    app.conf.worker_disable_prefetch = True
+    changes = {c.key: c for c in wanted_changes(app, Transport.REDIS, pool_named("gevent", 20))}
+    kept = changes["worker_disable_prefetch"]
+    assert kept.kept and kept.current is True and kept.wanted is False
+    assert "stalls for up to 2 s each time its pool fills" in kept.cost
+    assert "worker_prefetch_multiplier" in changes and not changes["worker_prefetch_multiplier"].kept
+    for transport, pool in ((Transport.REDIS, "threads"), (Transport.AMQP, "gevent")):
+        assert "worker_disable_prefetch" not in {
+            c.key for c in wanted_changes(app, transport, pool_named(pool, 20))
+        }
