@@ -148,14 +148,22 @@ def taking_ahead(found: Iterable[Consumer], transport: Transport | None = None) 
     return list(said.values())
 
 
+def polled_steps(consumer: Consumer) -> set[int] | None:
+    """The priority steps whose Redis lists ``consumer`` polls; None when its settings are
+    unknown."""
+    if consumer.conf is None:
+        return None
+    options = consumer.conf.get("broker_transport_options") or {}
+    steps = options.get("priority_steps", KOMBU_PRIORITY_STEPS) if isinstance(options, dict) else []
+    return {int(s) for s in steps if isinstance(s, int | float)}
+
+
 def _blindness(consumer: Consumer, transport: Transport) -> BlindWorker | None:
     worker, name = consumer.worker, consumer.queue
     if transport is Transport.REDIS:
-        if consumer.conf is None:
+        polled = polled_steps(consumer)
+        if polled is None:
             return None  # what it polls is unknown
-        options = consumer.conf.get("broker_transport_options") or {}
-        steps = options.get("priority_steps", KOMBU_PRIORITY_STEPS) if isinstance(options, dict) else []
-        polled = {int(s) for s in steps if isinstance(s, int | float)}
         unseen = tuple(p for p in range(MOST_URGENT, LEAST_URGENT + 1) if to_wire(p, transport) not in polled)
         if not unseen:
             return None

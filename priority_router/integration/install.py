@@ -168,6 +168,8 @@ def uninstall(engine: Engine, app: Celery) -> bool:
         _apps.discard(app)
         if installation.receiver.consumer_watch is not None:
             installation.receiver.consumer_watch.stop()
+        if installation.receiver.stranded_watch is not None:
+            installation.receiver.stranded_watch.stop()
         unwatch(app)
         if installation.sweeper is not None:
             installation.sweeper.stop()

@@ -41,6 +41,7 @@ from .clients import client_from_call
 from .consumers import ConsumerWatch
 from .flower import annotate_kwargsrepr
 from .sender import publishing_app, republishing, sending
+from .stranded import StrandedWatch
 
 if TYPE_CHECKING:
     from ..config import RouterConfig
@@ -84,7 +85,8 @@ class PublishReceiver:
     ``settle`` is called on a publish that finds the app not settled yet; ``pause`` holds
     publishes to a RabbitMQ queue while ``priority-router migrate`` swaps it; with a
     ``consumer_check_interval`` above 0, publishes start the background check for workers
-    blind to some priorities (``consumers.py``).
+    blind to some priorities (``consumers.py``); on Redis, outside workers, they start the
+    looks at the priority lists published to (``stranded.py``).
     """
 
     def __init__(
@@ -117,6 +119,8 @@ class PublishReceiver:
             ConsumerWatch(app, self, consumer_check_interval) if consumer_check_interval > 0 else None
         )
         self._on_publish = self.consumer_watch.published if self.consumer_watch is not None else None
+        #: The look at the Redis priority lists it published to (``stranded.py``); None in a worker.
+        self.stranded_watch: StrandedWatch | None = StrandedWatch(app, self)
 
     def use(self, config: RouterConfig) -> None:
         """Take these settings (the router's, after it followed the app's configuration)."""
@@ -149,8 +153,12 @@ class PublishReceiver:
 
     def in_worker(self) -> None:
         """The app runs a worker: its publishes no longer start the check for blind
-        workers (workers do not inspect other workers)."""
+        workers (workers do not inspect other workers), nor looks at the priority lists (a
+        router worker polls every list of the queues it consumes)."""
         self._on_publish = None
+        watch, self.stranded_watch = self.stranded_watch, None
+        if watch is not None:
+            watch.stop()
 
     def __call__(
         self,
@@ -191,6 +199,9 @@ class PublishReceiver:
                 properties.setdefault("priority", to_wire(self._default_priority, transport))
         if isinstance(routing_key, str):
             self.queues_seen.add(routing_key)
+            watch = self.stranded_watch
+            if watch is not None and transport is Transport.REDIS and not self.dry_run:
+                watch.published(routing_key, properties.get("priority"))
         if self._on_publish is not None:
             self._on_publish()
 

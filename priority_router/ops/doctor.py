@@ -38,7 +38,16 @@ from ..integration.celery_settings import (
     prefetch_disabled,
     wanted_changes,
 )
-from ..integration.consumers import AHEAD_FIX, FIX, Consumer, blindness, consumers, eta_held, taking_ahead
+from ..integration.consumers import (
+    AHEAD_FIX,
+    FIX,
+    Consumer,
+    blindness,
+    consumers,
+    eta_held,
+    polled_steps,
+    taking_ahead,
+)
 from ..integration.install import STOPGAP, applied_settings, settings_error, settle, unpriced_effect
 from ..integration.old_kombu import FIX as KOMBU_FIX
 from ..integration.old_kombu import shortfalls
@@ -59,6 +68,7 @@ from ..integration.rabbitmq import (
     verify_priority_queues,
 )
 from ..integration.starvation import AMQP_FIX
+from ..integration.stranded import FIX as STRANDED_FIX
 from ..limits import Limits
 from ..redact import redact_url
 from ..router import PriorityRouter, engine_of, installed_router
@@ -126,6 +136,7 @@ def diagnose(app: Celery, pool: WorkerPool | None = None) -> list[Finding]:
     checks["limits"] = functools.partial(_check_limits, pool=given, stats=stats)
     checks["workers"] = functools.partial(_check_consumers, answered=answered)
     checks["eta tasks"] = functools.partial(_check_eta, answered=answered)
+    checks["stranded"] = functools.partial(_check_stranded, answered=answered)
     for name, check in checks.items():
         try:
             findings.extend(check(app, transport))
@@ -357,14 +368,21 @@ def _check_visibility(app: Celery, transport: Transport) -> Iterator[Finding]:
         yield Finding("visibility_timeout", True, f"visibility_timeout={timeout:g}s >= {name}={longest:g}s")
 
 
-def _check_stranded(app: Celery, transport: Transport) -> Iterator[Finding]:
-    """Non-empty priority lists that no worker of this configuration polls: a producer
-    with other ``priority_steps`` or ``sep`` than the workers strands messages there."""
+def _check_stranded(
+    app: Celery, transport: Transport, answered: Callable[[], list[Consumer] | None] | None = None
+) -> Iterator[Finding]:
+    """Non-empty priority lists that no worker polls: those of this configuration's
+    ``priority_steps`` (a producer with other ``priority_steps`` or ``sep`` than the workers
+    strands messages there), and with the router, those of the steps no worker consuming
+    the queue polls, as the workers answer (``answered()``)."""
     if transport is not Transport.REDIS:
         return
     names = set(queue_names(app))
+    router = installed_router(app)
+    skipped = _skipped_steps(names, answered) if router is not None and not router.config.dry_run else {}
     stranded: list[str] = []
     queues: set[str] = set()
+    unpolled: list[str] = []
     with app.connection_for_read() as conn:
         channel = conn.default_channel
         prefix = channel.global_keyprefix or ""
@@ -382,7 +400,24 @@ def _check_stranded(app: Celery, transport: Transport) -> Iterator[Finding]:
                 if length:
                     stranded.append(f"{text!r} ({length} messages)")
                     queues.add(name)
-    if stranded and installed_router(app) is None:
+        for name, (steps, workers) in sorted(skipped.items()):
+            keys = dict.fromkeys(prefix + priority_list(channel, name, s) for s in channel.priority_steps)
+            seen = {prefix + priority_list(channel, name, s) for s in steps}
+            waiting = [(key, int(client.llen(key))) for key in keys if key not in seen]
+            unpolled += [
+                f"{key!r} ({length} messages; the workers consuming {name!r}, {workers}, poll the "
+                f"lists of priority steps {sorted(steps)} only)"
+                for key, length in waiting
+                if length
+            ]
+    if unpolled:
+        yield Finding(
+            "stranded",
+            False,
+            "documents wait in priority lists no worker takes from: " + ", ".join(unpolled),
+            STRANDED_FIX,
+        )
+    if stranded and router is None:
         commands = "; ".join(
             f"priority-router migrate {shlex.quote(q)} --to plain -A <this app>" for q in sorted(queues)
         )
@@ -402,8 +437,29 @@ def _check_stranded(app: Celery, transport: Transport) -> Iterator[Finding]:
             "give producers and workers the same broker_transport_options (priority_steps, sep); "
             "install() on both sides does",
         )
-    else:
+    elif not unpolled:
         yield Finding("stranded", True, "no messages in priority lists the workers do not poll")
+
+
+def _skipped_steps(
+    names: set[str], answered: Callable[[], list[Consumer] | None] | None
+) -> dict[str, tuple[set[int], str]]:
+    """The priority steps the workers answering poll, for each queue of ``names`` whose every
+    answering consumer gave its settings, with those workers' names."""
+    found = answered() if answered is not None else None
+    steps: dict[str, set[int]] = {}
+    workers: dict[str, list[str]] = {}
+    unknown: set[str] = set()
+    for consumer in found or ():
+        if consumer.queue not in names:
+            continue
+        polled = polled_steps(consumer)
+        if polled is None:
+            unknown.add(consumer.queue)
+            continue
+        steps.setdefault(consumer.queue, set()).update(polled)
+        workers.setdefault(consumer.queue, []).append(consumer.worker)
+    return {q: (s, ", ".join(sorted(workers[q]))) for q, s in steps.items() if q not in unknown}
 
 
 def _check_unrouted(app: Celery, transport: Transport) -> Iterator[Finding]:

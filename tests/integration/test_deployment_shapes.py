@@ -17,6 +17,7 @@ from click.testing import CliRunner
 from support.celery_versions import needs_queue_type_setting
 from support.services import Worker, close_app, running_worker
 
+from priority_router.integration.installation import installation_of
 from priority_router.ops.cli import main
 from priority_router.router import installed_router
 
@@ -162,6 +163,82 @@ def test_router_only_on_publishers_is_said_and_found(
         # Blind to some priorities, and taking documents ahead (Celery's defaults): both its own.
         assert [f["check"] for f in findings] == ["workers", "workers"], findings
         assert all("install the router" in f["fix"] or "router installed" in f["fix"] for f in findings)
+
+
+def _stranded_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "no worker takes from" in r.getMessage()]
+
+
+@pytest.mark.parametrize("broker_url", ["redis"], indirect=True)
+def test_a_publisher_only_install_names_the_lists_no_worker_takes_from_without_a_broadcast(
+    load: Loader, worker_env: dict[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The field trial's shape: the router on the publishing side only, a worker from an app
+    without it, the publishers' broadcast off (the default).  20 of 33 documents wait in lists
+    the worker never polls; the publisher says so within a minute, once, and doctor fails."""
+    app = load("shapes.pubsite")  # worker_env: consumer_check_interval 0, as by default
+    queue = worker_env["DOCUMENT_QUEUE"]
+    with (
+        running_worker(worker_env, "--pool", "solo", app="shapes.plainworker"),
+        caplog.at_level(logging.INFO, "priority_router"),
+    ):
+        published = time.monotonic()
+        ids = [
+            app.send_task("docs.process", ("heavy", f"h{n}", 0), headers={"client_id": "heavy"}).id
+            for n in range(30)
+        ]
+        ids += [
+            app.send_task("docs.process", (f"light{c}", "l0", 0), headers={"client_id": f"light{c}"}).id
+            for c in range(3)
+        ]
+        while not _stranded_warnings(caplog) and time.monotonic() - published < 60:
+            time.sleep(0.5)
+        (said,) = _stranded_warnings(caplog)
+        assert sum(app.AsyncResult(i).ready() for i in ids) == 13  # priorities 3, 6 and 9 only
+        assert f"20 document(s) of queue {queue!r}" in said, said
+        for step, waiting in ((1, 6), (2, 2), (4, 2), (5, 2), (7, 2), (8, 6)):
+            assert f"{queue + chr(6) + chr(22) + str(step)!r} ({waiting})" in said, said
+        assert all(repr(queue + chr(6) + chr(22) + step) not in said for step in "369"), said
+        assert "install the router in the app of the workers consuming that queue" in said
+        assert "priority_steps'] = list(range(10))" in said
+
+        doctor = CliRunner().invoke(main, ["doctor", "-A", "shapes.pubsite", "--json"])
+        assert doctor.exit_code == 1, doctor.output
+        (stranded,) = [f for f in json.loads(doctor.output) if f["check"] == "stranded"]
+        assert not stranded["ok"], stranded
+        assert repr(queue + "\x06\x161") + " (6 messages" in stranded["detail"], stranded
+        assert "priority steps [0, 3, 6, 9] only" in stranded["detail"], stranded
+        assert "install the router in the app of the workers" in stranded["fix"], stranded
+    assert len(_stranded_warnings(caplog)) == 1, caplog.text
+
+
+@pytest.mark.parametrize("broker_url", ["redis"], indirect=True)
+def test_a_draining_backlog_under_router_workers_is_never_called_stranded(
+    load: Loader, worker_env: dict[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A backlog at every priority that a router worker drains over several of the
+    publisher's looks, most urgent first: the less urgent lists wait, and are not stranded."""
+    app = load("shapes.pubsite")
+    with (
+        running_worker(worker_env, "--pool", "solo", app="shapes.docworker"),
+        caplog.at_level(logging.INFO, "priority_router"),
+    ):
+        ids = [
+            app.send_task("docs.process", ("heavy", f"h{n}", 0.6), headers={"client_id": "heavy"}).id
+            for n in range(60)
+        ]
+        ids += [
+            app.send_task("docs.process", (f"light{c}", "l0", 0.6), headers={"client_id": f"light{c}"}).id
+            for c in range(3)
+        ]
+        done = [app.AsyncResult(i).get(timeout=120) for i in ids]
+        watch = installation_of(app).receiver.stranded_watch  # type: ignore[union-attr]
+        assert watch is not None and watch.looks >= 2, "the publisher looked while the backlog drained"
+        doctor = CliRunner().invoke(main, ["doctor", "-A", "shapes.pubsite", "--json"])
+    assert len(done) == 63
+    assert _stranded_warnings(caplog) == [], caplog.text
+    (stranded,) = [f for f in json.loads(doctor.output) if f["check"] == "stranded"]
+    assert stranded["ok"], stranded
 
 
 @pytest.mark.parametrize("broker_url", ["redis"], indirect=True)
