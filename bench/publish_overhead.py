@@ -28,7 +28,9 @@ in the check costs once a deployment has tiers (until then the check leaves it o
 counts costs (the check then reads the client's extras), and documents that each carry a
 ``priority_router_cost`` header (the check adds to the extras).  ``--modes seed,seed:capped``
 measures publishes of clients that each have a cap and a rate (publishers never read limits:
-the workers' gate does).
+the workers' gate does).  ``--modes seed,seed:unwatched`` measures what the publisher's
+look at its priority lists (``integration/stranded.py``) costs a publish: the second mode
+runs without it.
 
 ``--cluster N`` puts the router's counter on a local Redis Cluster of ``N`` masters without
 replicas (the broker stays on the one Redis), and the ``PING`` blocks and the floor's
@@ -62,7 +64,9 @@ COSTS = ":costs"
 COSTED = ":costed"
 #: ... where every client publishing has a cap and a rate, and the default tier too.
 CAPPED = ":capped"
-SUFFIXES = (TIERED, COSTS, COSTED, CAPPED)
+#: ... with the publisher's look at its Redis priority lists switched off (stranded.py).
+UNWATCHED = ":unwatched"
+SUFFIXES = (TIERED, COSTS, COSTED, CAPPED, UNWATCHED)
 
 
 def base_mode(mode: str) -> str:
@@ -134,6 +138,13 @@ def child(
             for n in range(100):
                 router.set_tier(f"c{n}", max_in_flight=3, rate="100/s")
             router.set_default_tier(max_in_flight=10)
+        if mode.endswith(UNWATCHED):
+            from priority_router.integration.installation import installation_of
+
+            installation = installation_of(routed[mode])
+            assert installation is not None and installation.receiver.stranded_watch is not None
+            installation.receiver.stranded_watch.stop()
+            installation.receiver.stranded_watch = None
 
     cpu: dict[str, list[float]] = {}
 
