@@ -59,11 +59,15 @@ SCRIPT = (Path(__file__).parent / "lua" / "list_tails.lua").read_text()
 LOOK_INTERVAL = 15.0
 #: Seconds from a process's first publish to its first look.
 FIRST_LOOK = 5.0
+#: Seconds without a publish after which a process stops looking (while nothing it said is
+#: stranded); its next publish starts the looks again.
+IDLE_AFTER = 4 * LOOK_INTERVAL
 
 #: What to do about documents stranded in priority lists.
 FIX = (
     "install the router in the app of the workers consuming that queue too "
-    "(PriorityRouter(...).install(app) where the worker's Celery app is created), or set "
+    "(PriorityRouter(...).install(app) where the worker's Celery app is created, with dry run "
+    "off: PRIORITY_ROUTER_DRY_RUN in that worker's environment), or set "
     "broker_transport_options['priority_steps'] = list(range(10)) in that app, then restart "
     "those workers; the documents waiting are taken once they poll every list"
 )
@@ -150,9 +154,9 @@ def _warn(queue: str, lists: list[ListState]) -> None:
     logger.warning(
         "priority-router: %d document(s) of queue %r wait in priority lists no worker takes from: "
         "%s%s, while workers take younger documents from the queue's less urgent lists. The "
-        "workers consuming %r do not poll these lists (a worker whose app runs without "
-        "priority-router polls only kombu's default priority steps 0, 3, 6 and 9), so these "
-        "documents never run. Fix: %s",
+        "workers consuming %r do not poll these lists (a worker whose app has no priority-router "
+        "installed polls only kombu's default priority steps 0, 3, 6 and 9), so these documents "
+        "never run. Fix: %s",
         sum(s.length for s in lists),
         queue,
         ", ".join(f"{s.key!r} ({s.length})" for s in lists),
@@ -186,8 +190,8 @@ class Publishing(Protocol):
 
 class StrandedWatch:
     """A publishing process's looks at the priority lists it published to (Redis only),
-    every :data:`LOOK_INTERVAL` seconds from its first publish on, on a daemon thread: a
-    dict write per publish, one script call per queue per look."""
+    every :data:`LOOK_INTERVAL` seconds while it publishes, on a daemon thread: a dict write
+    per publish, one script call per queue per look."""
 
     def __init__(self, app: Celery, receiver: Publishing) -> None:
         self._app = weakref.ref(app)
@@ -208,8 +212,7 @@ class StrandedWatch:
     def published(self, queue: str, wire: object) -> None:
         """Note a publish to ``queue`` at ``wire`` (the message's priority); starts the looks
         in this process on first use."""
-        if isinstance(wire, int):
-            self.pushed[queue, wire] = time.time()
+        self.pushed[queue, wire if isinstance(wire, int) else 0] = time.time()
         if self._thread is None:
             self._start()
 
@@ -235,6 +238,13 @@ class StrandedWatch:
         delay = FIRST_LOOK
         while not self._stop.wait(delay):
             delay = LOOK_INTERVAL
+            if self._idle():
+                with _start_lock:
+                    self._thread = None
+                self._close()
+                if not self._idle():  # a publish while it stopped: start again
+                    self._start()
+                return
             try:
                 self.look()
             except redis.exceptions.NoPermissionError as exc:
@@ -251,6 +261,10 @@ class StrandedWatch:
                 # The publishes themselves say when the broker fails.
                 self._close()
                 logger.debug("priority-router could not look at the priority lists", exc_info=True)
+
+    def _idle(self) -> bool:
+        last = max(self.pushed.values(), default=0.0)
+        return time.time() - last > IDLE_AFTER and not self.judge.stranded
 
     def look(self) -> None:
         """One look at every queue this process published to."""

@@ -4,6 +4,7 @@ which lists a worker skips, and saying so once per outage."""
 from __future__ import annotations
 
 import logging
+import time
 
 import fakeredis
 import pytest
@@ -11,7 +12,7 @@ from celery import Celery
 from test_receiver import publish
 
 from priority_router import PriorityRouter
-from priority_router.integration.stranded import Judge, ListState, skipped
+from priority_router.integration.stranded import IDLE_AFTER, Judge, ListState, skipped
 
 Q = "documents"
 
@@ -157,5 +158,21 @@ def test_rabbitmq_dry_run_and_workers_are_not_watched(broker: str) -> None:
         assert watch.pushed == {} and watch._thread is None
         receiver.in_worker()
         assert receiver.stranded_watch is None
+    finally:
+        router.uninstall(app)
+
+
+def test_a_process_that_stopped_publishing_stops_looking_unless_something_is_stranded() -> None:
+    app = _redis_app()
+    router = PriorityRouter(redis_client=fakeredis.FakeRedis())
+    watch = router.install(app).stranded_watch
+    try:
+        assert watch is not None
+        watch.pushed[("celery", 3)] = time.time()
+        assert not watch._idle()
+        watch.pushed[("celery", 3)] = time.time() - IDLE_AFTER - 1
+        assert watch._idle()
+        watch.judge.stranded["celery"] = {1: "a"}
+        assert not watch._idle(), "it looks on until the stranded documents are taken"
     finally:
         router.uninstall(app)
