@@ -23,10 +23,12 @@ WARNING per queue names its lists and the fix, until every one of them has lost 
 document (a worker takes from it again), which one INFO says.  A draining backlog is never
 skipped (the worker takes a list's oldest document before any less urgent one), nor are
 lists when the workers are all busy or down (nothing is taken from any list).  A document
-put back by kombu (``redelivered``) may be older than its time in the list, so it shows
-nothing by its age.  ``max_wait`` moves the oldest overdue documents first, so a document
-it moved is never younger than one it left.  RabbitMQ has one queue per name and no lists:
-the watch runs on Redis only.
+that came back to its list after a worker took it (kombu's restore marks it
+``redelivered``; the gate's release, ``priority_router_gated``) may be older than its time
+in the list, so its age shows nothing.  The queue's own list (step 0) is polled by every
+worker and never judged.  ``max_wait`` moves the oldest overdue documents first, so a
+document it moved is never younger than one it left.  RabbitMQ has one queue per name and
+no lists: the watch runs on Redis only.
 """
 
 from __future__ import annotations
@@ -83,8 +85,9 @@ class ListState:
     tail: str
     #: When its oldest document was published (Unix seconds), None when it does not say.
     published_at: float | None
-    #: Whether kombu put its oldest document back (its time in the list may be shorter).
-    redelivered: bool
+    #: Whether its oldest document came back after a worker took it (kombu's restore, the
+    #: gate's release): it may have been in the list for less than its age.
+    put_back: bool
 
 
 def skipped(
@@ -94,21 +97,21 @@ def skipped(
     each with its oldest document; ``before`` is the last look (None: none), ``pushed``
     when this process last published to each list, by key."""
     found: dict[int, str] = {}
+    # The queue's own list (step 0) is one every worker polls, and where max_wait moves
+    # overdue documents: it is never judged.
     for i, lst in enumerate(now):
         at = lst.published_at
-        if not lst.length or not lst.tail or at is None:
+        if i == 0 or not lst.length or not lst.tail or at is None:
             continue
         later = range(i + 1, len(now))
-        if not lst.redelivered and any(
-            now[j].length == 0 and pushed.get(now[j].key, 0.0) > at for j in later
-        ):
+        if not lst.put_back and any(now[j].length == 0 and pushed.get(now[j].key, 0.0) > at for j in later):
             found[i] = lst.tail
             continue
         if before is None or len(before) != len(now) or before[i].tail != lst.tail:
             continue
         for j in later:
             gone = before[j]
-            if not gone.tail or now[j].tail == gone.tail or now[j].redelivered:
+            if not gone.tail or now[j].tail == gone.tail or now[j].put_back:
                 continue
             if gone.published_at is None or gone.published_at >= at:
                 found[i] = lst.tail
@@ -169,8 +172,8 @@ def _warn(queue: str, lists: list[ListState]) -> None:
 def read_lists(script: Any, keys: list[str]) -> list[ListState]:
     """One look at the lists ``keys`` (one queue's, most urgent first): one script call."""
     found = []
-    for key, (length, tail, at, redelivered) in zip(
-        keys, script(keys=keys, args=[H.PUBLISHED_AT]), strict=True
+    for key, (length, tail, at, put_back) in zip(
+        keys, script(keys=keys, args=[H.PUBLISHED_AT, H.GATED]), strict=True
     ):
         text = at.decode() if isinstance(at, bytes) else str(at)
         try:
@@ -178,7 +181,7 @@ def read_lists(script: Any, keys: list[str]) -> list[ListState]:
         except ValueError:
             published_at = None
         tag = tail.decode(errors="replace") if isinstance(tail, bytes) else str(tail)
-        found.append(ListState(key, int(length), tag, published_at, bool(redelivered)))
+        found.append(ListState(key, int(length), tag, published_at, bool(put_back)))
     return found
 
 

@@ -1,5 +1,5 @@
 """The stranded watch's look at a queue's priority lists (``lua/list_tails.lua``) on a real
-Redis, with lists kombu wrote, and a message kombu put back."""
+Redis, with lists kombu wrote, a message kombu put back and one the gate released."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def test_each_list_s_length_and_oldest_document_as_kombu_wrote_and_restored_them
         look = read_lists(script, keys)
         assert [s.key for s in look] == keys
         assert [s.length for s in look] == [0, 2, 0, 1, 0, 0, 1, 0, 0, 0]
-        assert look[1].published_at == 100.25 and not look[1].redelivered
+        assert look[1].published_at == 100.25 and not look[1].put_back
         assert look[3].published_at == 102.0
         assert look[6].tail and look[6].published_at is None
         assert look[0].tail == "" and look[0].published_at is None
@@ -60,7 +60,11 @@ def test_each_list_s_length_and_oldest_document_as_kombu_wrote_and_restored_them
             assert read_lists(script, keys)[1].length == 1
         tag = look[1].tail
         again = read_lists(script, keys)
-        assert again[1].length == 2 and again[1].tail == tag and again[1].redelivered
+        assert again[1].length == 2 and again[1].tail == tag and again[1].put_back
+
+        # The gate releases a held document back to its list with its mark.
+        producer.publish({"doc": "r"}, priority=4, headers={H.PUBLISHED_AT: 99.0, H.GATED: True}, declare=[q])
+        assert read_lists(script, keys)[4].put_back
 
         client.lpush(keys[2], b"not json")  # unreadable: counted, never judged
         assert read_lists(script, keys)[2] == type(look[2])(keys[2], 1, "", None, False)

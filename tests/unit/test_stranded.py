@@ -18,7 +18,7 @@ Q = "documents"
 
 
 def lists(**held: tuple[int, str, float | None] | tuple[int, str, float | None, bool]) -> list[ListState]:
-    """Ten lists, most urgent first; ``s3=(length, oldest tag, its publish time[, redelivered])``."""
+    """Ten lists, most urgent first; ``s3=(length, oldest tag, its publish time[, put back])``."""
     found = []
     for step in range(10):
         key = Q if step == 0 else f"{Q}\x06\x16{step}"
@@ -26,8 +26,8 @@ def lists(**held: tuple[int, str, float | None] | tuple[int, str, float | None, 
         if state is None:
             found.append(ListState(key, 0, "", None, False))
         else:
-            length, tail, at, *redelivered = state
-            found.append(ListState(key, length, tail, at, bool(redelivered and redelivered[0])))
+            length, tail, at, *put_back = state
+            found.append(ListState(key, length, tail, at, bool(put_back and put_back[0])))
     return found
 
 
@@ -75,12 +75,18 @@ def test_max_wait_moving_an_older_document_shows_nothing() -> None:
 
 
 def test_a_document_put_back_is_not_judged_by_its_age() -> None:
-    # kombu restored it (a worker shut down holding it): it may have left the list meanwhile.
+    # kombu restored it (a worker shut down holding it), or the gate released it from its
+    # client's holding queue: it may have left the list meanwhile.
     assert skipped(lists(s1=(1, "a", 100.0, True)), None, {key(3): 100.5}) == {}
     # Nor is a less urgent list whose oldest is a document put back.
     before = lists(s1=(5, "a", 100.0), s3=(9, "c", 100.5))
     now = lists(s1=(5, "a", 100.0), s3=(10, "r", 100.2, True))
     assert skipped(now, before, {}) == {}
+
+
+def test_the_queue_s_own_list_is_never_judged() -> None:
+    # Every worker polls it; max_wait moves overdue documents there, old as they are.
+    assert skipped(lists(s0=(1, "a", 100.0)), None, {key(3): 100.5}) == {}
 
 
 def test_a_document_without_a_publish_time_is_not_judged() -> None:
