@@ -404,17 +404,17 @@ def _check_stranded(
             keys = dict.fromkeys(prefix + priority_list(channel, name, s) for s in channel.priority_steps)
             seen = {prefix + priority_list(channel, name, s) for s in steps}
             waiting = [(key, int(client.llen(key))) for key in keys if key not in seen]
-            unpolled += [
-                f"{key!r} ({length} messages; the workers consuming {name!r}, {workers}, poll the "
-                f"lists of priority steps {sorted(steps)} only)"
-                for key, length in waiting
-                if length
-            ]
+            shown = ", ".join(f"{key!r} ({length} messages)" for key, length in waiting if length)
+            if shown:
+                unpolled.append(
+                    f"{shown}: the workers consuming {name!r} ({workers}) poll the lists of priority "
+                    f"steps {sorted(steps)} only"
+                )
     if unpolled:
         yield Finding(
             "stranded",
             False,
-            "documents wait in priority lists no worker takes from: " + ", ".join(unpolled),
+            "documents wait in priority lists no worker takes from: " + "; ".join(unpolled),
             STRANDED_FIX,
         )
     if stranded and router is None:
