@@ -109,6 +109,8 @@ def skipped(
             continue
         if before is None or len(before) != len(now) or before[i].tail != lst.tail:
             continue
+        if before[i].put_back != lst.put_back:
+            continue  # taken and put back between the looks: the list may have been empty
         for j in later:
             gone = before[j]
             if not gone.tail or now[j].tail == gone.tail or now[j].put_back:

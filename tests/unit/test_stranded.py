@@ -84,6 +84,14 @@ def test_a_document_put_back_is_not_judged_by_its_age() -> None:
     assert skipped(now, before, {}) == {}
 
 
+def test_a_document_taken_and_put_back_between_two_looks_shows_nothing() -> None:
+    # A worker took 1's only document (1 was empty), then 3's, then shut down: kombu put
+    # the first back, the oldest of 1 again.
+    before = lists(s1=(1, "a", 100.0), s3=(1, "c", 100.5))
+    now = lists(s1=(1, "a", 100.0, True))
+    assert skipped(now, before, {}) == {}
+
+
 def test_the_queue_s_own_list_is_never_judged() -> None:
     # Every worker polls it; max_wait moves overdue documents there, old as they are.
     assert skipped(lists(s0=(1, "a", 100.0)), None, {key(3): 100.5}) == {}
