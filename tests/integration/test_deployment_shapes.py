@@ -15,7 +15,7 @@ import pytest
 from celery import Celery
 from click.testing import CliRunner
 from support.celery_versions import needs_queue_type_setting
-from support.services import Worker, close_app, running_worker
+from support.services import LoggedProcess, Worker, close_app, running_worker
 
 from priority_router.integration.installation import installation_of
 from priority_router.ops.cli import main
@@ -211,6 +211,34 @@ def test_a_publisher_only_install_names_the_lists_no_worker_takes_from_without_a
         assert "priority steps [0, 3, 6, 9] only" in stranded["detail"], stranded
         assert "install the router in the app of the workers" in stranded["fix"], stranded
     assert len(_stranded_warnings(caplog)) == 1, caplog.text
+
+
+@pytest.mark.parametrize("broker_url", ["redis"], indirect=True)
+def test_each_web_process_says_once_which_lists_no_worker_takes_from(worker_env: dict[str, str]) -> None:
+    """Two web processes of a publisher-only codebase, each with its own log, and a worker
+    without the router: each says it once, within a minute of its burst, and not again."""
+
+    def web(client: str) -> LoggedProcess:
+        env = {**worker_env, "WEB_CLIENT": client, "WEB_SECONDS": "45"}
+        return LoggedProcess([sys.executable, "-m", "shapes.web_process"], env)
+
+    def said(process: LoggedProcess) -> list[str]:
+        return [line for line in process.output().splitlines() if "no worker takes from" in line]
+
+    with running_worker(worker_env, "--pool", "solo", app="shapes.plainworker"):
+        webs = [web("heavy-a"), web("heavy-b")]
+        try:
+            started = time.monotonic()
+            while not all(said(w) for w in webs) and time.monotonic() - started < 60:
+                time.sleep(0.5)
+            for process in webs:
+                assert process.process.wait(timeout=60) == 0, process.output()
+                (warning,) = said(process)  # once, though it kept looking for 25 s more
+                assert " WARNING " in warning and worker_env["DOCUMENT_QUEUE"] in warning
+                assert "install the router in the app of the workers" in warning
+        finally:
+            for process in webs:
+                process.stop()
 
 
 @pytest.mark.parametrize("broker_url", ["redis"], indirect=True)
