@@ -147,7 +147,8 @@ class Judge:
         elif said:
             del self.stranded[queue]
             logger.info(
-                "priority-router: the documents stranded in queue %r's priority lists %s are taken again",
+                "priority-router: the documents said stranded in queue %r's priority lists %s have left "
+                "them (a worker takes from those lists again, or they were moved or purged)",
                 queue,
                 ", ".join(repr(now[i].key) if i < len(now) else str(i) for i in sorted(said)),
             )

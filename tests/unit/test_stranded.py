@@ -122,7 +122,7 @@ def test_the_judge_says_it_once_per_queue_after_two_looks_and_once_when_taken_ag
         assert len(caplog.records) == 1
         judge.look(Q, lists(), pushed)  # the workers take from those lists again
         assert [r.levelno for r in caplog.records] == [logging.WARNING, logging.INFO]
-        assert "taken again" in caplog.records[1].getMessage()
+        assert "have left them (a worker takes from those lists again" in caplog.records[1].getMessage()
         for _ in range(2):  # a new outage is said again
             judge.look(Q, lists(s1=(1, "g", 200.0)), {key(9): 200.5})
         assert [r.levelno for r in caplog.records] == [logging.WARNING, logging.INFO, logging.WARNING]
