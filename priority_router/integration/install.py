@@ -60,7 +60,7 @@ from ..config import (
 from ..errors import ConfigurationError
 from ..redact import redact_url
 from ..thresholds import table_name
-from . import celery_internals
+from . import celery_internals, stranded
 from .brokers import Transport, from_wire, transport_of
 from .celery_settings import (
     DISABLED_PREFETCH,
@@ -146,7 +146,7 @@ def install(router: object, engine: Engine, app: Celery) -> PublishReceiver:
         _apps.add(app)
         _connect_signals()
         app.on_after_configure.connect(_on_configure, weak=False, dispatch_uid=_UID)
-        wrap_sender(app, settle, _redeclares, end_unsent)
+        wrap_sender(app, settle, _redeclares, _unsent)
         if metrics is not None:
             watch_queue_wait(app, metrics, engine.config.metrics_port)
         if app.configured:
@@ -156,6 +156,12 @@ def install(router: object, engine: Engine, app: Celery) -> PublishReceiver:
                 uninstall(engine, app)
                 raise
         return receiver
+
+
+def _unsent(app: Celery, message: Any) -> None:
+    """A publish of ``app`` raised: neither a worker's end nor the stranded watch awaits it."""
+    stranded.unsent()
+    end_unsent(app, message)
 
 
 def uninstall(engine: Engine, app: Celery) -> bool:

@@ -38,6 +38,7 @@ import threading
 import time
 import weakref
 from collections.abc import Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -218,7 +219,9 @@ class StrandedWatch:
     def published(self, queue: str, wire: object) -> None:
         """Note a publish to ``queue`` at ``wire`` (the message's priority); starts the looks
         in this process on first use."""
-        self.pushed[queue, wire if isinstance(wire, int) else 0] = time.time()
+        key = (queue, wire if isinstance(wire, int) else 0)
+        _noted.set((self, key, self.pushed.get(key)))
+        self.pushed[key] = time.time()
         if self._thread is None:
             self._start()
 
@@ -307,4 +310,23 @@ class StrandedWatch:
                 logger.debug("closing the stranded watch's connection failed", exc_info=True)
 
 
+def unsent() -> None:
+    """The publish just noted raised (the broker refused it): forget it, since no worker can
+    have taken it from its list."""
+    noted = _noted.get()
+    if noted is None:
+        return
+    _noted.set(None)
+    watch, key, previous = noted
+    if previous is None:
+        watch.pushed.pop(key, None)
+    else:
+        watch.pushed[key] = previous
+
+
+#: The last publish noted in this context (the watch, its list, the time it replaced), for
+#: :func:`unsent`: noted before the send, which may still fail.
+_noted: ContextVar[tuple[StrandedWatch, tuple[str, int], float | None] | None] = ContextVar(
+    "priority_router_stranded_noted", default=None
+)
 _start_lock = threading.Lock()

@@ -9,6 +9,7 @@ import time
 import fakeredis
 import pytest
 from celery import Celery
+from kombu.exceptions import OperationalError
 from test_receiver import publish
 
 from priority_router import PriorityRouter
@@ -188,5 +189,21 @@ def test_a_process_that_stopped_publishing_stops_looking_unless_something_is_str
         assert watch._idle()
         watch.judge.stranded["celery"] = {1: "a"}
         assert not watch._idle(), "it looks on until the stranded documents are taken"
+    finally:
+        router.uninstall(app)
+
+
+def test_a_publish_the_broker_refused_is_not_noted() -> None:
+    """A document that never reached its list cannot show a worker taking from it."""
+    app = _redis_app()
+    app.conf.broker_transport_options = {"max_retries": 0}  # refused at once
+    router = PriorityRouter(redis_client=fakeredis.FakeRedis())
+    watch = router.install(app).stranded_watch
+    try:
+        assert watch is not None
+        watch.pushed[("celery", 1)] = 50.0
+        with pytest.raises(OperationalError):
+            app.send_task("docs.process", headers={"client_id": "acme"}, retry=False)
+        assert watch.pushed == {("celery", 1): 50.0}, "what it noted of earlier publishes stays"
     finally:
         router.uninstall(app)
