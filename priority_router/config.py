@@ -166,7 +166,9 @@ class RouterConfig:
         0.0,
         "Seconds between a publisher's checks that every worker consuming its queues can see "
         "every priority it sends (each a broadcast to every worker); 0, the default, leaves the "
-        "check to each router worker's start and `doctor`.",
+        "check to each router worker's start and `doctor`. On Redis, publishers also look at the "
+        "priority lists they published to, without a broadcast, whatever this is "
+        "(docs/troubleshooting.md).",
         _seconds,
     )
     dry_run: bool = setting(
