@@ -34,6 +34,7 @@ from .store.gate import GateStore
 from .store.inflight import InflightCounter
 from .store.limit_store import LimitStore
 from .store.owed import MAX_OWED, End, OwedEnds
+from .store.permissions import acl_user
 from .store.schema import SchemaMismatch, StoreSchema
 from .store.tier_store import TierStore
 from .tiers import Tier, decode
@@ -91,6 +92,8 @@ class Engine:
             f"the priority counter at {redact_url(config.redis_url)}",
             # A lambda: a cluster client is built (and connects) at its first use, not here.
             probe=lambda: ping_every_master(redis_client),
+            user=acl_user(config.redis_url),
+            prefix=config.key_prefix,
         )
         #: ``mode="inflight"``: ends that could not be sent while the store failed.
         self._owed: OwedEnds[End] = OwedEnds()

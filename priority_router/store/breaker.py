@@ -14,6 +14,12 @@ publisher publishes, a worker's pool process sends documents' ends); each purpos
 process uses during an outage says so in one WARNING, and the end of the outage is one
 INFO.  A breaker without ``probe`` lets one call through every ``cooldown`` instead, and
 says its one ``meanwhile``.
+
+A store that refuses the router's Redis user a command or key (``NOPERM``,
+``permissions.py``) answers: the call fails as any failure does (a publish goes out at the
+default priority), but the breaker stays closed, so every other call goes on, and the
+refusal is one ERROR per command, naming the ACL rule that lifts it, instead of an outage
+that ends at every probe and starts again at the next call.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import redis
 from redis.exceptions import RedisClusterException
 
 from ..forks import renew_after_fork
+from .permissions import Refusal, refusal
 
 logger = logging.getLogger("priority_router")
 
@@ -60,6 +67,8 @@ class CircuitBreaker:
         clock: Callable[[], float] = time.monotonic,
         meanwhile: str = "publishing with the default priority",
         probe: Callable[[], object] | None = None,
+        user: str | None = None,
+        prefix: str = "",
     ) -> None:
         self._cooldown = cooldown
         self._what = what
@@ -78,6 +87,9 @@ class CircuitBreaker:
         #: The probing thread and the process it runs in (a forked child has none).
         self._prober: threading.Thread | None = None
         self._prober_pid = 0
+        #: The Redis user and key prefix a refusal's fix names; the refusals already said.
+        self._user, self._prefix = user, prefix
+        self._refused: set[tuple[str | None, bool]] = set()
         renew_after_fork(self)
 
     def after_fork(self) -> None:
@@ -132,6 +144,10 @@ class CircuitBreaker:
         )
 
     def failure(self, error: BaseException, purpose: str = "") -> None:
+        refused = refusal(error)
+        if refused is not None:
+            self._say_refused(refused, purpose)
+            return
         with self._lock:
             now = self._clock()
             if self._next_call is None:
@@ -167,6 +183,23 @@ class CircuitBreaker:
             if self._next_call is not None:
                 self._next_call = min(self._next_call, self._clock())
         return True
+
+    def _say_refused(self, refused: Refusal, purpose: str) -> None:
+        """One ERROR per refused command (or keys), whatever the purpose."""
+        seen = (refused.command, refused.keys)
+        with self._lock:
+            if seen in self._refused:
+                return
+            self._refused.add(seen)
+        logger.error(
+            "priority-router: %s refuses %s to its Redis user (%s): a configuration error, not an "
+            "outage; %s for every call that needs it, until the user may. Fix: %s",
+            self._what,
+            refused.problem(),
+            refused.said,
+            self._doing(purpose),
+            refused.fix(self._user, self._prefix),
+        )
 
     def _doing(self, purpose: str) -> str:
         return PURPOSES[purpose][0] if purpose else self._meanwhile

@@ -56,6 +56,7 @@ from .client_ids import (
 from .client_keys import ClientKeys, Layout
 from .costs import ONE, RESOLUTION, SENTINEL, as_count
 from .packed import CACHE_SIZE, EXEC, MULTI, Exchange, bulk, call, command, exchange_for, transact
+from .permissions import register_script
 
 
 def member(task_id: str, extra: int = 0) -> bytes:
@@ -93,8 +94,8 @@ class InflightCounter(ClientKeys):
         super().__init__(client, prefix, reset_interval, INFLIGHT)
         self._expiry = str(self._interval_ms).encode()
         self._exchange = exchange_for(client)
-        self._publish: Any = client.register_script((_LUA / "publish_inflight.lua").read_text())
-        self._end_costed: Any = client.register_script((_LUA / "end_costed.lua").read_text())
+        self._publish: Any = register_script(client, (_LUA / "publish_inflight.lua").read_text())
+        self._end_costed: Any = register_script(client, (_LUA / "end_costed.lua").read_text())
         #: Per key: the packed ``EVALSHA`` up to the document's entry (its keys).
         self._heads: dict[str, bytes] = {}
         #: Per (tier read, extras read): the packed arguments after the entry, for cost 1.
