@@ -22,6 +22,12 @@ any moment, and no document goes with it.
   :data:`RETRY` seconds until it does, so a capped client is not stalled by slots its
   finished documents still hold; the thread finds every holding queue again from the
   broker's index (:meth:`Holding.indexed`) when the store lost the clients it knew.
+- **A Redis user refused a command the gate uses** (``NOPERM``, ``store/permissions.py``):
+  a configuration error, found by each worker's check of every command at start
+  (:meth:`GateStore.check`) or when a call is refused.  The gate of that process opens for
+  good (until it restarts), with one ERROR naming the command and the ACL rule: documents
+  run without their clients' limits, and its thread releases every document its holding
+  queues hold, since no end could be counted to release them.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ from ..store.connection import ping_every_master
 from ..store.gate import RECHECK, RELEASE_BATCH, REMEMBER_SENT_MS, Verdict, describe_held
 from ..store.limit_store import Snapshot
 from ..store.owed import OwedEnds
+from ..store.permissions import Refusal, acl_user, refusal
 from . import celery_internals
 from .clients import client_from_call
 from .flower import annotate_held
@@ -86,20 +93,24 @@ class Gate:
             "documents are kept to send later",
             probe=lambda: ping_every_master(router.redis),
         )
+        #: What the store refused the gate's Redis user, once it has: the gate is then open.
+        self.refused: Refusal | None = None
         self.owed: OwedEnds[tuple[str, str]] = OwedEnds()
         #: How long a published release is remembered: longer than the broker takes to give
         #: a held copy back to its holding queue after its releaser died.
         self.remember_ms = _remember_sent_ms(app)
 
     def call(self, use: Callable[[], T]) -> T | None:
-        """``use()`` on the store, through the breaker: None when it is open or the store
-        fails (connection and Redis errors only: anything else is a bug, and raises)."""
-        if not self.breaker.allow():
+        """``use()`` on the store, through the breaker: None when it is open, the gate is
+        open (a refusal), or the store fails (connection and Redis errors only: anything else
+        is a bug, and raises)."""
+        if self.refused is not None or not self.breaker.allow():
             return None
         try:
             result = use()
         except STORE_ERRORS as exc:
-            self.breaker.failure(exc)
+            if not self.refuse(exc):
+                self.breaker.failure(exc)
             return None
         self.breaker.success()
         return result
@@ -109,9 +120,10 @@ class Gate:
         send again when the store cannot answer."""
         limits = self.router.limit_store.snapshot().of(client)
         verdict = self.call(lambda: self.store.end(client, task_id, limits, borrow))
-        if verdict is None:
+        if verdict is None and self.refused is None:
             self.owed.add((client, task_id))
             self.owed.retry_every(RETRY, self.send_owed)
+        if verdict is None:
             return
         self.call(lambda: self.release(client, limits, verdict))
 
@@ -122,11 +134,53 @@ class Gate:
             limits = self.router.limit_store.snapshot().of(client)
             try:
                 verdict = self.store.end(client, task_id, limits)
-            except STORE_ERRORS:
-                self.owed.give_back(ends[sent:])
+            except STORE_ERRORS as exc:
+                if not self.refuse(exc):  # refused: the gate is open, nothing waits for them
+                    self.owed.give_back(ends[sent:])
                 return
             self.breaker.success()
             self.call(functools.partial(self.release, client, limits, verdict))
+
+    def refuse(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is a refusal (``NOPERM``); the first opens the gate, with one ERROR."""
+        refused = refusal(exc)
+        if refused is None or self.refused is not None:
+            return refused is not None
+        self.refused = refused
+        config = self.router.config
+        limited = bool(self.router.limit_store.snapshot())
+        logger.error(
+            "priority-router: the gate's counter store at %s refuses %s to its Redis user (%s): a "
+            "configuration error, not an outage. This process's gate is open until it restarts: %s. "
+            "Fix: %s, then restart the workers",
+            redact_url(config.redis_url),
+            refused.problem(),
+            refused.said,
+            "documents of clients with limits run without them, and the documents held are released"
+            if limited
+            else "no client has limits now, so no document is held; were one given limits, its "
+            "documents would run without them",
+            refused.fix(acl_user(config.redis_url), config.key_prefix),
+        )
+        return True
+
+    def check(self) -> bool:
+        """Check that the store lets the gate's user run every command the gate uses (a
+        refusal opens the gate); whether the store answered."""
+        return self.refused is not None or self.call(self.store.check) is not None
+
+    def release_all(self) -> None:
+        """An open gate's release: every document in the holding queues the broker's index
+        names is sent where it first went, ungated, as no end could be counted."""
+        with self.holding.indexed() as (clients, keep):
+            for client in clients:
+                while (held := self.holding.take(client)) is not None:
+                    held.send({})
+                    held.drop()
+                    logger.info(
+                        "priority-router: released %s of client %r (the gate is open)", held.task_id, client
+                    )
+            keep([])
 
     def release(
         self, client: str, limits: Limits, verdict: Verdict, most: int = RELEASE_BATCH
@@ -414,8 +468,27 @@ class GateThread(Periodic):
         self._renewed = 0.0
         self._looked = 0.0
         self._reconciled = 0.0
+        #: Whether the gate's commands were checked (the store answered the check).
+        self.checked = False
 
     def step(self) -> bool:
+        gate = self.gate
+        if gate.refused is None and not self.checked:
+            self.checked = gate.check()
+        if gate.refused is not None:
+            now = time.monotonic()
+            if now - self._reconciled >= RECONCILE:
+                self._reconciled = now
+                gate.release_all()
+            return True
+        try:
+            return self._step()
+        except STORE_ERRORS as exc:
+            if not gate.refuse(exc):
+                raise
+            return True
+
+    def _step(self) -> bool:
         worked = False
         limits = self.router.limit_store.snapshot()
         now = time.monotonic()
@@ -512,5 +585,8 @@ def start_gate(app: Celery, router: Engine, consumer: Any, concurrency: int) -> 
         say_held(router)
 
     worker_shutdown.connect(on_shutdown, weak=False, dispatch_uid=uid)
+    # Before the consumer admits its first document; the thread checks again should the
+    # store not answer now.
+    thread.checked = thread.gate.check()
     thread.start()
     return thread

@@ -29,6 +29,7 @@ import redis
 from ..limits import Limits
 from .client_ids import gate_keys, held_index_key
 from .costs import ONE
+from .permissions import register_script
 
 _LUA = Path(__file__).parent / "lua"
 
@@ -36,6 +37,9 @@ _LUA = Path(__file__).parent / "lua"
 DEFAULT_LEASE = 30.0
 #: Seconds before a worker looks again at a client held by its cap (ends release sooner).
 RECHECK = 2.0
+#: The client whose keys :meth:`GateStore.check` runs the gate's commands on (no client id
+#: starts with a space, so no document has it; the check leaves none of its keys behind).
+CHECK_CLIENT = " priority-router check"
 #: Most documents one end or sweep releases.
 RELEASE_BATCH = 100
 
@@ -277,6 +281,24 @@ class GateStore:
         else:
             self._redis.zadd(self._index, {client_id: self._next_look(verdict, now_ms)})
 
+    def check(self) -> bool:
+        """Run every command the gate uses, changing nothing (on the keys of a client no
+        document has, and the index); True, or raises what the store raises, e.g. the
+        ``NOPERM`` of a Redis user refused one (``permissions.py``)."""
+        keys = gate_keys(self._prefix, CHECK_CLIENT)
+        self._script("gate")(keys=keys, args=["check", "check", 0, self.lease_ms, -1, -1, 0, 0, 0, 0])
+        run, held, _, _ = keys
+        with self._redis.pipeline(transaction=False) as pipe:
+            pipe.zadd(self._index, {CHECK_CLIENT: 0}, xx=True)
+            pipe.zrangebyscore(self._index, "-inf", "-inf", 0, 1)
+            pipe.zrange(self._index, 0, 0)
+            pipe.zscore(self._index, CHECK_CLIENT)
+            pipe.zcount(run, "+inf", "+inf")
+            pipe.pexpire(run, self.lease_ms)
+            pipe.lindex(held, 0)
+            pipe.execute()
+        return True
+
     def read(self, client_id: str, now_ms: int | None = None) -> GateState:
         run, held, gate, _ = gate_keys(self._prefix, client_id)
         now = _now_ms(now_ms)
@@ -294,7 +316,7 @@ class GateStore:
     def _script(self, name: str) -> Any:
         script = self._scripts.get(name)
         if script is None:
-            script = self._scripts[name] = self._redis.register_script((_LUA / f"{name}.lua").read_text())
+            script = self._scripts[name] = register_script(self._redis, (_LUA / f"{name}.lua").read_text())
         return script
 
     def _next_look(self, verdict: Verdict, now_ms: int | None) -> int:

@@ -18,7 +18,8 @@
 --                      A mark goes when the document arrives or ends, and is not made for
 --                      one that arrived before its releaser marked it
 --
--- ARGV[1]  "admit", "end", "take", "sent", "mark" or "clear"
+-- ARGV[1]  "admit", "end", "take", "sent", "mark" or "clear"; "check" runs every command
+--          the script uses, on KEYS of a client no document has, leaving them as they were
 -- ARGV[2]  task id: the document received (admit), ended (end; "" for a sweep) or taken
 --          from the holding queue (take)
 -- ARGV[3]  now, ms (the caller's clock: every worker's clock drifts less than a lease)
@@ -39,7 +40,7 @@
 --   verdict  admit: 1 run it, 0 hold it, 2 held already (a redelivery: hold it again);
 --            take: 1 start it (its place reserved), 4 start it as borrowed, 3 leave it
 --            held, 2 a copy of one already sent (drop it);
---            end, sent, mark, clear: -1
+--            end, sent, mark, clear: -1; check: {1}
 --   state    what the client's next held document waits for: "cap", or "rate" (due: when
 --            its token is due, ms), or "free" when one may start now (the caller takes from
 --            the holding queue); with nothing held, "lease" while documents run (due: when
@@ -164,6 +165,34 @@ local function settle(verdict)
     redis.call('PERSIST', gate)
   end
   return {verdict, state, due, waiting, borrow}
+end
+
+if mode == 'check' then
+  -- A worker runs this before its gate holds any document (store/gate.py): a Redis user
+  -- refused one of these commands is found then, not once documents wait for an end that
+  -- cannot be counted.  Each changes nothing, or undoes what the one before it did.
+  redis.call('ZADD', run, 'XX', 0, id)
+  redis.call('ZSCORE', run, id)
+  redis.call('ZCARD', run)
+  redis.call('ZRANGE', run, 0, 0)
+  redis.call('ZRANGEBYSCORE', run, '-inf', '-inf')
+  redis.call('ZREM', run, id)
+  redis.call('ZREMRANGEBYSCORE', sent, '-inf', '-inf')
+  -- What undoes a write is checked before the write, so a refusal leaves nothing behind.
+  redis.call('LREM', held, 1, id)
+  redis.call('HDEL', gate, id)
+  redis.call('LLEN', held)
+  redis.call('LRANGE', held, 0, 0)
+  redis.call('HGET', gate, id)
+  redis.call('HEXISTS', gate, id)
+  redis.call('RPUSH', held, id)
+  redis.call('LREM', held, 1, id)
+  redis.call('HSET', gate, id, 0)
+  redis.call('HINCRBY', gate, id, 0)
+  redis.call('HDEL', gate, id)
+  redis.call('PEXPIRE', gate, lease)
+  redis.call('PERSIST', gate)
+  return {1}
 end
 
 if mode == 'end' then
