@@ -1,0 +1,166 @@
+"""The router with a least-privilege Redis user: the ACL lines docs/deployment.md gives
+for publishers, workers and the CLI, created as real ACL users on the test Redis, run each
+role; a user refused one command is told so once, by name, with the rule that lifts it,
+and the gate fails open instead of holding documents nothing will release."""
+
+from __future__ import annotations
+
+import logging
+import re
+import shlex
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from click.testing import CliRunner
+from support.services import counter_db_url, running_worker
+
+from priority_router import PriorityRouter
+from priority_router.ops.cli import main
+from workers.app import create_app
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "deployment.md"
+TRACK = "tests.track_running"
+
+
+def _documented_lines() -> dict[str, str]:
+    """The ACL SETUSER lines of docs/deployment.md, by role (publisher, worker, cli)."""
+    text = DOCS.read_text()
+    block = text.split("<!-- acl-lines:", 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
+    lines = [line for line in block.splitlines() if line.startswith("ACL SETUSER")]
+    return {line.split()[2].removeprefix("router-"): line for line in lines}
+
+
+Users = Callable[..., str]
+
+
+@pytest.fixture
+def acl_users(redis_server_url: str, key_prefix: str) -> Iterator[Users]:
+    """``make(role, without=())``: a real ACL user made from the documented line for
+    ``role`` (the key pattern for this test's prefix, ``without`` those commands): its URL
+    for the counter database."""
+    admin = redis.Redis.from_url(counter_db_url(redis_server_url))
+    made: list[str] = []
+
+    def make(role: str, without: tuple[str, ...] = ()) -> str:
+        words = shlex.split(_documented_lines()[role])
+        user = f"pr-{role}-{uuid.uuid4().hex[:6]}"
+        words[2] = user
+        words = [w.replace("priority-router:", key_prefix) for w in words]
+        words = [w.replace(">CHANGE-ME", ">pw-" + user) for w in words if w.lstrip("+") not in without]
+        assert admin.execute_command(*words) in (b"OK", "OK", True)
+        made.append(user)
+        return counter_db_url(redis_server_url).replace("redis://", f"redis://{user}:pw-{user}@", 1)
+
+    yield make
+    for user in made:
+        admin.acl_deluser(user)
+    admin.close()
+
+
+def _refused(users: Users, redis_url: str) -> list[str]:
+    """What the ACL log says the store refused the test's users so far."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        return [
+            f"{e.get('username')}: {e.get('object')}"
+            for e in client.acl_log()
+            if "pr-" in str(e.get("username"))
+        ]
+    finally:
+        client.close()
+
+
+def _cli(url: str, key_prefix: str, *args: str) -> str:
+    result = CliRunner().invoke(main, ["--redis-url", url, "--key-prefix", key_prefix, *args])
+    assert result.exit_code == 0, (
+        result.output,
+        result.exc_info and __import__("traceback").format_exception(*result.exc_info),
+    )
+    return result.output
+
+
+@pytest.mark.parametrize("mode", ["seed", "inflight"])
+def test_the_documented_acl_lines_run_a_publisher_a_capped_worker_and_the_cli(
+    mode: str,
+    acl_users: Users,
+    worker_env: dict[str, str],
+    redis_server_url: str,
+    key_prefix: str,
+) -> None:
+    admin_url = counter_db_url(redis_server_url)
+    redis.Redis.from_url(admin_url).acl_log_reset()
+    cli_url, publisher_url, worker_url = (acl_users(role) for role in ("cli", "publisher", "worker"))
+    runs = f"runs-{uuid.uuid4().hex[:8]}"
+    env = {**worker_env, "PRIORITY_ROUTER_MODE": mode, "PRIORITY_ROUTER_LEASE": "3"}
+    env.update(RUNS_REDIS_URL=admin_url, RUNS_KEY=runs)
+    _cli(cli_url, key_prefix, "--mode", mode, "tier", "set", "bulk", "--max-in-flight", "1")
+
+    app = create_app({**env, "PRIORITY_ROUTER_REDIS_URL": publisher_url})
+    sent = [app.send_task(TRACK, kwargs={"seconds": 0.3, "client_id": "bulk"}) for _ in range(4)]
+    sent += [app.send_task("tests.record_request", kwargs={"client_id": "light"})]
+    with running_worker(
+        {**env, "PRIORITY_ROUTER_REDIS_URL": worker_url}, "--pool", "threads", "-c", "3"
+    ) as w:
+        done = [r.get(timeout=60) for r in sent]
+        log = w.output()
+    seen = redis.Redis.from_url(admin_url)
+    assert int(seen.hget(runs, "max:bulk") or 0) == 1, log  # the cap held, with the worker's user
+    seen.delete(runs)
+    assert done[-1]["reason"] == "counted", done[-1]  # the publisher's user counted it
+    assert "refuses" not in log and "not answering" not in log and "failed" not in log, log
+
+    shown = _cli(cli_url, key_prefix, "--mode", mode, "status")
+    assert "bulk" in shown
+    _cli(cli_url, key_prefix, "--mode", mode, "inspect", "light")
+    _cli(cli_url, key_prefix, "--mode", mode, "tier", "unset", "bulk")
+    _cli(cli_url, key_prefix, "--mode", mode, "reset", "light", "--yes")
+    # Nothing any role did was refused: the lines hold every command the router sent.
+    assert _refused(acl_users, admin_url) == []
+
+
+def test_a_publisher_refused_a_command_says_so_once_and_keeps_counting(
+    acl_users: Users, key_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = acl_users("publisher", without=("exists",))
+    router = PriorityRouter(redis_url=url, key_prefix=key_prefix, mode="inflight", cooldown=0.2)
+    with caplog.at_level(logging.INFO, logger="priority_router"):
+        decisions = [router.decide("acme", task_id=f"t{n}") for n in range(20)]
+        time.sleep(0.5)  # a breaker would have probed the store and said it answers again
+        decisions += [router.decide("acme", task_id=f"u{n}") for n in range(20)]
+    said = [r for r in caplog.records if r.name == "priority_router"]
+    errors = [r.getMessage() for r in said if r.levelno == logging.ERROR]
+    assert len(errors) == 1, [r.getMessage() for r in said]
+    user = url.split("//", 1)[1].split(":", 1)[0]
+    assert "refuses the EXISTS command" in errors[0] and f"ACL SETUSER {user} +exists" in errors[0]
+    # No outage: no WARNING that the store is down, no INFO that it answers again.
+    assert [r.getMessage() for r in said if r.levelno in (logging.WARNING, logging.INFO)] == []
+    assert sum(d.reason.value == "counted" for d in decisions) >= 30
+
+
+def test_a_worker_refused_a_command_of_the_gate_fails_the_gate_open(
+    acl_users: Users, worker_env: dict[str, str], redis_server_url: str, key_prefix: str
+) -> None:
+    admin_url = counter_db_url(redis_server_url)
+    cli_url = acl_users("cli")
+    worker_url = acl_users("worker", without=("zrem",))
+    runs = f"runs-{uuid.uuid4().hex[:8]}"
+    env = {**worker_env, "PRIORITY_ROUTER_LEASE": "3", "RUNS_REDIS_URL": admin_url, "RUNS_KEY": runs}
+    _cli(cli_url, key_prefix, "tier", "set", "bulk", "--max-in-flight", "1")
+    app = create_app(env)
+    sent = [app.send_task(TRACK, kwargs={"seconds": 0.2, "client_id": "bulk"}) for _ in range(6)]
+    worker = {**env, "PRIORITY_ROUTER_REDIS_URL": worker_url}
+    with running_worker(worker, "--pool", "threads", "-c", "3") as w:
+        # Nothing is held for good: every document runs, as no end could release it.
+        done = [r.get(timeout=30) for r in sent]
+        log = w.output()
+    redis.Redis.from_url(admin_url).delete(runs)
+    assert len(done) == 6
+    user = worker_url.split("//", 1)[1].split(":", 1)[0]
+    refusals = re.findall(r"refuses the (\w+) command", log)
+    assert refusals == ["ZREM"], log  # one ERROR, naming the command
+    assert f"ACL SETUSER {user} +zrem" in log, log
+    assert "not answering" not in log and "answering again" not in log and "sweep failed" not in log, log
