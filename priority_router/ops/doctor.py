@@ -75,6 +75,7 @@ from ..router import PriorityRouter, engine_of, installed_router
 from ..store.client_ids import glob_escape
 from ..store.connection import SENTINEL_FIX, failing_nodes_note, is_cluster, store_error
 from ..store.gate import GateState
+from ..store.permissions import acl_user, refusal
 from ..store.schema import SCHEMA, SchemaMismatch
 from ..thresholds import table_name
 from .queues import unpriced_waiting
@@ -584,16 +585,7 @@ def _check_counter(app: Celery, transport: Transport) -> Iterator[Finding]:
         took = time.perf_counter() - started
         version = engine_of(router).redis.info("server").get("redis_version", "?")
     except Exception as exc:
-        yield Finding(
-            "counter store",
-            False,
-            f"the counter store at {where} does not answer ({store_error(exc)}), so every "
-            f"document is published at default_priority={router.config.default_priority}"
-            + failing_nodes_note(engine_of(router).redis),
-            SENTINEL_FIX
-            if isinstance(exc, MasterNotFoundError)
-            else "start Redis there, or point redis_url / PRIORITY_ROUTER_REDIS_URL at one that answers",
-        )
+        yield _store_failure(router, where, exc)
         return
     kind = "Redis Cluster" if cluster else "Redis"
     if took > timeout:
@@ -623,6 +615,52 @@ def _check_counter(app: Celery, transport: Transport) -> Iterator[Finding]:
     else:
         yield Finding("schema", True, f"the store at {where} is laid out by schema {SCHEMA}, this release's")
     yield _check_table(router)
+
+
+def _store_failure(router: PriorityRouter, where: str, exc: Exception) -> Finding:
+    """Why the counter store failed doctor's questions, each case with its own fix: it
+    refuses a command (ACL), the password, or the TLS handshake, or it does not answer."""
+    config = router.config
+    default = f"default_priority={config.default_priority}"
+    refused = refusal(exc)
+    if refused is not None:
+        return Finding(
+            "counter store",
+            False,
+            f"the counter store at {where} answers, but refuses its Redis user {refused.problem()} "
+            f"({refused.said}): every call that needs it fails open, a publish at {default}",
+            refused.fix(acl_user(config.redis_url), config.key_prefix),
+        )
+    said = store_error(exc)
+    if isinstance(exc, redis.AuthenticationError) or re.search(r"WRONGPASS|NOAUTH|invalid password", said):
+        return Finding(
+            "counter store",
+            False,
+            f"the counter store at {where} refuses the URL's user or password ({said}), so every "
+            f"document is published at {default}",
+            "give redis_url / PRIORITY_ROUTER_REDIS_URL the user and password the server has "
+            "(redis://USER:PASSWORD@host:port/db), and check that the user is on (ACL LIST)",
+        )
+    if re.search(r"\[SSL", said):
+        return Finding(
+            "counter store",
+            False,
+            f"the TLS handshake with the counter store at {where} failed ({said}), so every document "
+            f"is published at {default}",
+            "name the CA that signed the server's certificate in the URL: "
+            "rediss://...?ssl_cert_reqs=required&ssl_ca_certs=/path/to/ca.pem (docs/deployment.md)"
+            if "CERTIFICATE_VERIFY_FAILED" in said
+            else "check that the port serves TLS (rediss://), and the ssl_* parameters of the URL",
+        )
+    return Finding(
+        "counter store",
+        False,
+        f"the counter store at {where} does not answer ({said}), so every document is published "
+        f"at {default}" + failing_nodes_note(engine_of(router).redis),
+        SENTINEL_FIX
+        if isinstance(exc, MasterNotFoundError)
+        else "start Redis there, or point redis_url / PRIORITY_ROUTER_REDIS_URL at one that answers",
+    )
 
 
 def _check_table(router: PriorityRouter) -> Finding:

@@ -5,6 +5,7 @@ and the gate fails open instead of holding documents nothing will release."""
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import shlex
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 import redis
 from click.testing import CliRunner
-from support.services import counter_db_url, running_worker
+from support.services import broker_db_url, counter_db_url, running_worker
 
 from priority_router import PriorityRouter
 from priority_router.ops.cli import main
@@ -164,3 +165,39 @@ def test_a_worker_refused_a_command_of_the_gate_fails_the_gate_open(
     assert refusals == ["ZREM"], log  # one ERROR, naming the command
     assert f"ACL SETUSER {user} +zrem" in log, log
     assert "not answering" not in log and "answering again" not in log and "sweep failed" not in log, log
+
+
+def doctor_on_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, redis_url: str, broker: str
+) -> dict[str, str]:
+    """``priority-router doctor -A app --json``'s counter-store finding for an app whose
+    router uses ``redis_url``."""
+    name = f"acl_app_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text(
+        "from celery import Celery\nfrom priority_router import PriorityRouter\n"
+        f"app = Celery({name!r}, broker={broker!r})\n"
+        f"PriorityRouter(redis_url={redis_url!r}, connect_timeout=2, socket_timeout=2).install(app)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    doctor = CliRunner().invoke(main, ["doctor", "-A", name, "--json"])
+    assert doctor.exit_code == 1, doctor.output
+    finding: dict[str, str] = next(f for f in json.loads(doctor.output) if f["check"] == "counter store")
+    return finding
+
+
+def test_doctor_tells_a_refused_command_a_wrong_password_and_a_store_that_does_not_answer_apart(
+    acl_users: Users, redis_server_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    broker = broker_db_url(redis_server_url)
+    url = acl_users("cli", without=("info",))
+    user = url.split("//", 1)[1].split(":", 1)[0]
+    refused = doctor_on_store(tmp_path, monkeypatch, url, broker)
+    assert "answers, but refuses its Redis user the INFO command" in refused["detail"], refused
+    assert refused["fix"].startswith(f"ACL SETUSER {user} +info"), refused
+
+    wrong = doctor_on_store(tmp_path, monkeypatch, url.replace(f":pw-{user}@", ":wrong@"), broker)
+    assert "refuses the URL's user or password" in wrong["detail"], wrong
+    assert "password" in wrong["fix"] and "start Redis" not in wrong["fix"], wrong
+
+    down = doctor_on_store(tmp_path, monkeypatch, "redis://127.0.0.1:1/0", broker)
+    assert "does not answer" in down["detail"] and "start Redis there" in down["fix"], down

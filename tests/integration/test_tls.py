@@ -95,3 +95,16 @@ def test_a_misspelt_tls_parameter_is_refused_when_the_settings_are_read(
     assert error is not None and "ssl_ca_certs" in str(error)
     fixed = PriorityRouter(redis_url=url.replace("ssl_ca_cert=", "ssl_ca_certs="), key_prefix=key_prefix)
     assert fixed.record("acme").pending == 0
+
+
+def test_doctor_names_ssl_ca_certs_when_the_certificate_cannot_be_verified(
+    tls_redis: tuple[int, Path], redis_server_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from support.services import broker_db_url
+    from test_redis_acl import doctor_on_store
+
+    port, _ = tls_redis
+    url = f"rediss://:s3cret-pw@127.0.0.1:{port}/0?ssl_cert_reqs=required"
+    finding = doctor_on_store(tmp_path, monkeypatch, url, broker_db_url(redis_server_url))
+    assert "TLS handshake" in finding["detail"] and "s3cret-pw" not in finding["detail"], finding
+    assert "ssl_ca_certs=" in finding["fix"] and "start Redis" not in finding["fix"], finding
