@@ -46,7 +46,10 @@ def marked_prefixes(client: redis.Redis, most: int = 100_000) -> list[str]:
         if seen >= most:
             break
         name = key.decode(errors="replace") if isinstance(key, bytes) else str(key)
-        value = client.get(key)
+        try:
+            value = client.get(key)
+        except redis.exceptions.NoPermissionError:
+            continue  # a Redis user kept to its own prefix (docs/deployment.md) sees no other
         if isinstance(value, bytes) and value.isdigit():  # not some other application's "schema"
             found.add(name.removesuffix("schema"))
     return sorted(found)
