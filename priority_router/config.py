@@ -95,9 +95,10 @@ class RouterConfig:
         "redis://localhost:6379/0",
         "The counter store: `redis://`, `rediss://` (TLS), `unix://`, "
         "`redis+sentinel://host:26379[,host2:26379]/service_name[/db]` or "
-        "`redis+cluster://host:port[,host:port]`. A query gives redis-py's connection options "
-        "(`?ssl_ca_certs=/ca.pem&ssl_cert_reqs=required`); a name redis-py has no option for "
-        "is refused.",
+        "`redis+cluster://host:port[,host:port]`. A query gives redis-py's connection options; "
+        "over TLS, name the server's CA with `?ssl_cert_reqs=required&ssl_ca_certs=/path/ca.pem`; "
+        "a name redis-py has no option for is refused. An ACL user: `redis://USER:PASSWORD@host` "
+        "(the rules it needs: [deployment](deployment.md#a-redis-user-for-the-router)).",
     )
     reset_interval: float = setting(
         1500.0,
