@@ -34,7 +34,7 @@ from .store.gate import GateStore
 from .store.inflight import InflightCounter
 from .store.limit_store import LimitStore
 from .store.owed import MAX_OWED, End, OwedEnds
-from .store.permissions import acl_user
+from .store.permissions import acl_user, refusal
 from .store.schema import SchemaMismatch, StoreSchema
 from .store.tier_store import TierStore
 from .tiers import Tier, decode
@@ -393,7 +393,15 @@ class Engine:
             self.schema.check(claim=not reads_only)
             yield
         except STORE_ERRORS as exc:
-            raise CounterUnavailable(f"could not {what} {client!r}: {exc}") from exc
+            raise CounterUnavailable(f"could not {what} {client!r}: {exc}{self.refusal_fix(exc)}") from exc
+
+    def refusal_fix(self, exc: BaseException) -> str:
+        """``". Fix: ACL SETUSER ..."`` when ``exc`` is the store refusing a command or key
+        to the router's Redis user (``store/permissions.py``), else empty."""
+        refused = refusal(exc)
+        if refused is None:
+            return ""
+        return f". Fix: {refused.fix(acl_user(self.config.redis_url), self.config.key_prefix)}"
 
 
 def log_end_cost(task_id: str, client: str, counted: int, given: int, said: str = "") -> None:

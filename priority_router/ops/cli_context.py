@@ -73,7 +73,8 @@ def cannot_read(router: PriorityRouter, exc: Exception) -> str:
     """Why the counter store could not be read, naming the nodes a cluster flags as failing
     (a cluster's own error, "The cluster is down", names none)."""
     failing = failing_nodes_note(engine_of(router).redis)
-    return f"cannot read {redact_url(router.config.redis_url)}: {store_error(exc)}{failing}"
+    fix = engine_of(router).refusal_fix(exc)
+    return f"cannot read {redact_url(router.config.redis_url)}: {store_error(exc)}{failing}{fix}"
 
 
 def fail(message: str, code: int = 1) -> NoReturn:

@@ -9,6 +9,7 @@ import json
 import logging
 import re
 import shlex
+import signal
 import time
 import traceback
 import uuid
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 import redis
 from click.testing import CliRunner
-from support.services import broker_db_url, counter_db_url, running_worker
+from support.services import Worker, broker_db_url, counter_db_url, fast_redelivery, running_worker
 
 from priority_router import PriorityRouter
 from priority_router.ops.cli import main
@@ -145,8 +146,9 @@ def test_a_publisher_refused_a_command_says_so_once_and_keeps_counting(
     assert sum(d.reason.value == "counted" for d in decisions) >= 30
 
 
+@pytest.mark.parametrize("pool", ["threads", "prefork"])
 def test_a_worker_refused_a_command_of_the_gate_fails_the_gate_open(
-    acl_users: Users, worker_env: dict[str, str], redis_server_url: str, key_prefix: str
+    pool: str, acl_users: Users, worker_env: dict[str, str], redis_server_url: str, key_prefix: str
 ) -> None:
     admin_url = counter_db_url(redis_server_url)
     cli_url = acl_users("cli")
@@ -157,7 +159,7 @@ def test_a_worker_refused_a_command_of_the_gate_fails_the_gate_open(
     app = create_app(env)
     sent = [app.send_task(TRACK, kwargs={"seconds": 0.2, "client_id": "bulk"}) for _ in range(6)]
     worker = {**env, "PRIORITY_ROUTER_REDIS_URL": worker_url}
-    with running_worker(worker, "--pool", "threads", "-c", "3") as w:
+    with running_worker(worker, "--pool", pool, "-c", "3") as w:
         # Nothing is held for good: every document runs, as no end could release it.
         done = [r.get(timeout=30) for r in sent]
         log = w.output()
@@ -204,3 +206,50 @@ def test_doctor_tells_a_refused_command_a_wrong_password_and_a_store_that_does_n
 
     down = doctor_on_store(tmp_path, monkeypatch, "redis://127.0.0.1:1/0", broker)
     assert "does not answer" in down["detail"] and "start Redis there" in down["fix"], down
+
+
+def test_the_cli_names_a_refused_command_and_the_rule_that_lifts_it(
+    acl_users: Users, key_prefix: str
+) -> None:
+    url = acl_users("cli", without=("scan",))
+    user = url.split("//", 1)[1].split(":", 1)[0]
+    result = CliRunner().invoke(main, ["--redis-url", url, "--key-prefix", key_prefix, "status"])
+    assert result.exit_code == 1, result.output
+    assert "'scan'" in result.output and f"Fix: ACL SETUSER {user} +scan" in result.output, result.output
+
+
+@pytest.mark.parametrize("broker_url", ["redis"], indirect=True)
+def test_documents_held_before_a_worker_is_killed_run_under_a_worker_whose_user_is_refused_the_gate(
+    acl_users: Users, worker_env: dict[str, str], redis_server_url: str, key_prefix: str
+) -> None:
+    """A worker holds a capped client's documents and is SIGKILLed; the next one's user lacks
+    LREM: its gate opens as it starts and releases what the holding queue holds."""
+    admin_url = counter_db_url(redis_server_url)
+    runs = f"runs-{uuid.uuid4().hex[:8]}"
+    env = {**worker_env, "PRIORITY_ROUTER_LEASE": "3", "RUNS_REDIS_URL": admin_url, "RUNS_KEY": runs}
+    env["BROKER_TRANSPORT_OPTIONS"] = fast_redelivery(env)
+    router = PriorityRouter.from_env({**env, "PRIORITY_ROUTER_REDIS_URL": acl_users("cli")})
+    router.set_tier("bulk", max_in_flight=1)
+    app = create_app(env)
+    sent = [app.send_task(TRACK, kwargs={"seconds": 1.0, "client_id": "bulk"}) for _ in range(5)]
+    first = Worker({**env, "PRIORITY_ROUTER_REDIS_URL": acl_users("worker")}, "--pool", "threads", "-c", "3")
+    try:
+        first.wait_ready()
+        deadline = time.monotonic() + 30
+        while router.gate_state("bulk").held < 4:
+            assert time.monotonic() < deadline, first.output()
+            time.sleep(0.05)
+        first.process.send_signal(signal.SIGKILL)
+        first.process.wait()
+    finally:
+        first.stop()
+    refused = {**env, "PRIORITY_ROUTER_REDIS_URL": acl_users("worker", without=("lrem",))}
+    with running_worker(refused, "--pool", "threads", "-c", "3") as second:
+        done = [r.get(timeout=60) for r in sent]
+        log = second.output()
+    seen = redis.Redis.from_url(admin_url)
+    ran = [int(seen.hget(runs, f"run:{r.id}") or 0) for r in sent]
+    seen.delete(runs)
+    assert len(done) == 5 and all(n >= 1 for n in ran), (ran, log)
+    assert ran.count(1) >= 4, ran  # only the one running at the kill may run twice
+    assert re.findall(r"refuses the (\w+) command", log) == ["LREM"], log
