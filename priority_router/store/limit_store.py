@@ -25,6 +25,7 @@ from ..errors import ConfigurationError
 from ..forks import renew_after_fork
 from ..limits import NONE, Limits, decode
 from .client_ids import default_limits_key, limits_key, limits_version_key
+from .permissions import refusal
 from .writes import Writes
 
 logger = logging.getLogger("priority_router")
@@ -57,6 +58,7 @@ class LimitStore:
 
     def __init__(self, client: redis.Redis, prefix: str, refresh: float = LIMITS_REFRESH) -> None:
         self._redis = client
+        self._prefix = prefix
         self._hash = limits_key(prefix)
         self._default = default_limits_key(prefix)
         self._version = limits_version_key(prefix)
@@ -128,8 +130,19 @@ class LimitStore:
                 elif version != self._seen:
                     self._snapshot = self._read()
                 self._seen = version
-            except redis.RedisError:
-                pass  # the gate's own calls fail too, and its breaker says so
+            except redis.RedisError as exc:
+                # The gate's own calls fail too, and its breaker says so; but a store that
+                # refuses only this read would leave every limit unread, and nobody to say it.
+                refused = refusal(exc)
+                if refused is not None and "refused" not in self._warned:
+                    self._warned.add("refused")
+                    logger.error(
+                        "priority-router: the counter store refuses %s to its Redis user (%s), so this "
+                        "process cannot read the clients' limits and enforces none. Fix: %s",
+                        refused.problem(),
+                        refused.said,
+                        refused.fix(None, self._prefix),
+                    )
         return self._snapshot
 
     def _read(self) -> Snapshot:

@@ -23,6 +23,7 @@ from support.services import Worker, broker_db_url, counter_db_url, fast_redeliv
 
 from priority_router import PriorityRouter
 from priority_router.ops.cli import main
+from priority_router.router import engine_of
 from workers.app import create_app
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "deployment.md"
@@ -253,3 +254,16 @@ def test_documents_held_before_a_worker_is_killed_run_under_a_worker_whose_user_
     assert len(done) == 5 and all(n >= 1 for n in ran), (ran, log)
     assert ran.count(1) >= 4, ran  # only the one running at the kill may run twice
     assert re.findall(r"refuses the (\w+) command", log) == ["LREM"], log
+
+
+def test_a_worker_refused_the_read_of_the_limits_says_so(
+    acl_users: Users, key_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    PriorityRouter(redis_url=acl_users("cli"), key_prefix=key_prefix).set_tier("bulk", max_in_flight=1)
+    router = PriorityRouter(redis_url=acl_users("worker", without=("hgetall",)), key_prefix=key_prefix)
+    with caplog.at_level(logging.ERROR, logger="priority_router"):
+        # What a worker's gate reads: unread, so none is enforced.
+        assert engine_of(router).limit_store.snapshot().of("bulk").max_in_flight is None
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and "refuses the HGETALL command" in errors[0], errors
+    assert "enforces none" in errors[0] and "+hgetall" in errors[0], errors
