@@ -142,12 +142,16 @@ def diagnose(app: Celery, pool: WorkerPool | None = None) -> list[Finding]:
         try:
             findings.extend(check(app, transport))
         except Exception as exc:
-            findings.append(Finding(name, False, f"could not check: {exc}", _fix_for(exc)))
+            findings.append(Finding(name, False, f"could not check: {exc}", _fix_for(exc, app)))
     return findings
 
 
-def _fix_for(exc: Exception) -> str:
+def _fix_for(exc: Exception, app: Celery) -> str:
     """What to do about an error that stopped a check."""
+    router = installed_router(app)
+    refused = refusal(exc)
+    if refused is not None and router is not None and "channel" not in str(exc):
+        return refused.fix(acl_user(router.config.redis_url), router.config.key_prefix)
     if isinstance(exc, redis.exceptions.NoPermissionError) and "channel" in str(exc):
         return (
             "give the Redis user the channels Celery's remote control publishes on "
@@ -583,7 +587,7 @@ def _check_counter(app: Celery, transport: Transport) -> Iterator[Finding]:
         started = time.perf_counter()
         engine_of(router).redis.ping()
         took = time.perf_counter() - started
-        version = engine_of(router).redis.info("server").get("redis_version", "?")
+        version = _version(engine_of(router).redis)
     except Exception as exc:
         yield _store_failure(router, where, exc)
         return
@@ -617,6 +621,15 @@ def _check_counter(app: Celery, transport: Transport) -> Iterator[Finding]:
     yield _check_table(router)
 
 
+def _version(client: redis.Redis) -> str:
+    """The server's version, from ``INFO server``; "?" when the user may not ask (the
+    CLI's ACL line gives it ``INFO``, a publisher's does not: the router never needs it)."""
+    try:
+        return str(client.info("server").get("redis_version", "?"))
+    except redis.exceptions.NoPermissionError:
+        return "? (this Redis user may not run INFO, which only doctor asks)"
+
+
 def _store_failure(router: PriorityRouter, where: str, exc: Exception) -> Finding:
     """Why the counter store failed doctor's questions, each case with its own fix: it
     refuses a command (ACL), the password, or the TLS handshake, or it does not answer."""
@@ -627,8 +640,9 @@ def _store_failure(router: PriorityRouter, where: str, exc: Exception) -> Findin
         return Finding(
             "counter store",
             False,
-            f"the counter store at {where} answers, but refuses its Redis user {refused.problem()} "
-            f"({refused.said}): every call that needs it fails open, a publish at {default}",
+            f"the counter store at {where} answers, but refuses this Redis user {refused.problem()} "
+            f"({refused.said}): what needs it fails open (a publish goes out at {default}), and "
+            "doctor cannot check the store further",
             refused.fix(acl_user(config.redis_url), config.key_prefix),
         )
     said = store_error(exc)

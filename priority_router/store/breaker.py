@@ -176,9 +176,13 @@ class CircuitBreaker:
         assert self._probe is not None
         try:
             self._probe()
-        except STORE_ERRORS:
-            logger.debug("%s still fails", self._what, exc_info=True)
-            return False
+        except STORE_ERRORS as exc:
+            refused = refusal(exc)
+            if refused is None:
+                logger.debug("%s still fails", self._what, exc_info=True)
+                return False
+            # It answers, refusing the probe's PING: the next call finds out the rest.
+            self._say_refused(refused, "")
         with self._lock:
             if self._next_call is not None:
                 self._next_call = min(self._next_call, self._clock())

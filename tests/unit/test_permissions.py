@@ -70,3 +70,16 @@ def test_a_refusal_is_one_error_per_command_and_no_outage(caplog: pytest.LogCapt
     said = [(r.levelno, r.getMessage()) for r in caplog.records]
     assert [level for level, _ in said] == [logging.ERROR, logging.ERROR], said
     assert "refuses the EXISTS command" in said[0][1] and "ACL SETUSER svc +exists" in said[0][1]
+
+
+def test_a_probe_refused_its_ping_finds_the_store_answering(caplog: pytest.LogCaptureFixture) -> None:
+    def ping() -> None:
+        raise redis.exceptions.NoPermissionError("this user has no permissions to run the 'ping' command")
+
+    breaker = CircuitBreaker(60.0, "the priority counter", probe=ping, user="svc")
+    breaker.failure(redis.ConnectionError("refused"), "publish")
+    assert breaker.is_open and not breaker.allow("publish")
+    with caplog.at_level(logging.ERROR, logger="priority_router"):
+        assert breaker.probe_once()  # it answered, refusing the PING: not an outage
+    assert breaker.allow("publish")
+    assert "ACL SETUSER svc +ping" in caplog.text
