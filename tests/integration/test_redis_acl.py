@@ -275,3 +275,21 @@ def test_a_worker_refused_the_read_of_the_limits_says_so(
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1 and "refuses the HGETALL command" in errors[0], errors
     assert "enforces none" in errors[0] and "+hgetall" in errors[0], errors
+
+
+@pytest.mark.parametrize("broker_url", ["redis"], indirect=True)
+def test_a_worker_refused_a_command_of_the_gate_with_no_client_limited_says_what_it_means(
+    acl_users: Users, worker_env: dict[str, str]
+) -> None:
+    """No 'the gate's sweep failed' WARNING: one ERROR, naming the command, that nothing is
+    held now, and what a limit would meet."""
+    app = create_app(worker_env)
+    sent = app.send_task("tests.record_request", kwargs={"client_id": "acme"})
+    worker = {**worker_env, "PRIORITY_ROUTER_REDIS_URL": acl_users("worker", without=("zrangebyscore",))}
+    with running_worker(worker, "--pool", "threads", "-c", "2") as w:
+        assert sent.get(timeout=30)["client_id"] == "acme"
+        time.sleep(2.5)  # the gate's thread sweeps every 2 s without limits
+        log = w.output()
+    assert re.findall(r"refuses the (\w+) command", log) == ["ZRANGEBYSCORE"], log
+    assert "no client has limits now" in log and "+zrangebyscore" in log, log
+    assert "sweep failed" not in log, log
