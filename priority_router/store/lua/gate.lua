@@ -176,6 +176,7 @@ if mode == 'check' then
   redis.call('ZCARD', run)
   redis.call('ZRANGE', run, 0, 0)
   redis.call('ZRANGEBYSCORE', run, '-inf', '-inf')
+  redis.call('EXISTS', sent)
   redis.call('ZREM', run, id)
   redis.call('ZREMRANGEBYSCORE', sent, '-inf', '-inf')
   -- What undoes a write is checked before the write, so a refusal leaves nothing behind.
