@@ -27,6 +27,10 @@ documents these as public, so each has a test that fails when a release changes 
   (``QoS.restore_visible`` with the channel's ``unacked_restore_limit``,
   ``unacked_restore_throttle`` and ``unacked_restore_interval``), which ``green_restore.py``
   runs on green pools, where kombu's event loop does not;
+- kombu's Redis fetch (``Channel._brpop_start`` sends a BRPOP of the lists
+  ``Channel._queue_cycle`` and ``priority_steps`` name, ``Channel._brpop_read`` reads its
+  reply, through ``Channel.handlers``; ``unacked_key``, ``unacked_index_key``,
+  ``global_keyprefix``), which ``reliable_fetch.py`` replaces on a worker's task channel;
 - the ``task-sent`` event of a task message being sent (``task_message.sent_event``), whose
   ``kwargs`` the publish hook annotates as it does the ``kwargsrepr`` header.
 """
@@ -34,7 +38,9 @@ documents these as public, so each has a test that fails when a release changes 
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable
+from queue import Empty
 from typing import Any
 
 from celery._state import _task_stack
@@ -228,3 +234,76 @@ def restore_interval(app: Any) -> float:
     options = app.conf.broker_transport_options or {}
     default = getattr(Channel, "unacked_restore_interval", KOMBU_RESTORE_EVERY)
     return float(options.get("unacked_restore_interval", default))
+
+
+def task_channel(consumer: Any) -> Any:
+    """The channel a started worker consumer takes its documents on (its task consumer's)."""
+    return consumer.task_consumer.channel
+
+
+def fetch_keys(channel: Any) -> list[str] | None:
+    """The keys kombu's BRPOP on ``channel`` would name now, with the broker's global key
+    prefix and in its order (each queue's priority lists, most urgent first, the queues in
+    kombu's fair cycle, which this turns); None when it consumes no queue."""
+    queues = channel._queue_cycle.consume(len(channel.active_queues))
+    if not queues:
+        return None
+    prefix = channel.global_keyprefix or ""
+    return [prefix + channel._q_for_pri(queue, step) for step in channel.priority_steps for queue in queues]
+
+
+def unacked_keys(channel: Any) -> tuple[str, str]:
+    """kombu's unacked index and hash of ``channel``, with the broker's global key prefix."""
+    prefix = channel.global_keyprefix or ""
+    return prefix + channel.unacked_index_key, prefix + channel.unacked_key
+
+
+def replace_fetch(
+    channel: Any, command: Callable[[], list[Any] | None], read: Callable[[Callable[[], Any]], Any]
+) -> None:
+    """Have kombu's Redis ``channel`` fetch with the command ``command()`` gives (sent on the
+    channel's connection as kombu sends its BRPOP; None: no queue to fetch from, nothing
+    sent), and read each reply with ``read(kombu's own read)``, which raises
+    ``queue.Empty`` for a reply without a message.  kombu's read parses the reply as BRPOP's
+    ([list, message] or nil) and delivers the message."""
+    kombu_read = channel._brpop_read
+
+    def brpop_start(timeout: float | None = None) -> None:
+        args = command()
+        if args is None:
+            return
+        connection = channel.client.connection
+        channel._in_poll = connection
+        channel._brpop_sent_at = time.monotonic()  # kombu 5.7's check of an overdue reply
+        connection.send_command(*args)
+
+    def brpop_read(**options: Any) -> Any:
+        return read(lambda: kombu_read(**options))
+
+    channel._brpop_start = brpop_start
+    channel._brpop_read = brpop_read
+    channel.handlers["BRPOP"] = brpop_read
+
+
+def broker_refusal(channel: Any) -> type[Exception]:
+    """The error kombu's Redis ``channel`` raises for a command the broker refused."""
+    error: type[Exception] = channel.ResponseError
+    return error
+
+
+def read_other(channel: Any, command: str) -> None:
+    """Read the reply of ``command`` (not a fetch) that ``replace_fetch``'s start sent, as
+    kombu reads a BRPOP's (a connection error drops the connection for the next turn to
+    reconnect), and raise ``queue.Empty``: no message came."""
+    try:
+        try:
+            channel.client.parse_response(channel.client.connection, command)
+        except channel.connection_errors:
+            channel.client.connection.disconnect()
+            raise
+    finally:
+        channel._in_poll = None
+        flush = getattr(channel, "_flush_brpop_reauth", None)  # kombu 5.7
+        if flush is not None:
+            flush()
+    raise Empty()

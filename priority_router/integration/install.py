@@ -90,6 +90,7 @@ from .rabbitmq import (
     quorum_queue_names,
     quorum_queues_are,
 )
+from .reliable_fetch import watch_fetch
 from .sender import publishing_app, unwrap_sender, wrap_sender
 from .solo_loop import watch_solo_loop
 from .starvation import AMQP_FIX, AMQP_REFUSAL, start_sweeper
@@ -232,6 +233,7 @@ def _settle(app: Celery, installation: Installation, publisher: bool = False) ->
         watch_old_kombu(app)  # a threads worker's loop woken on a kombu before 5.7
         watch_window(app)  # a prefork worker on RabbitMQ takes one document ahead
         watch_solo_loop(app)  # a solo worker's loop does not sleep on its own acks
+        watch_fetch(app)  # a Redis worker records each document unacked as it takes it
     watch_endings()  # the end of each counted or gated document, on workers
     typos = unknown_celery_settings(app.conf)
     if typos and first_time(warned, "typos"):
