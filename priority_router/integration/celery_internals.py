@@ -241,15 +241,17 @@ def task_channel(consumer: Any) -> Any:
     return consumer.task_consumer.channel
 
 
-def fetch_keys(channel: Any) -> list[str] | None:
+def fetch_keys(channel: Any, step: int) -> tuple[list[str], str] | None:
     """The keys kombu's BRPOP on ``channel`` would name now, with the broker's global key
     prefix and in its order (each queue's priority lists, most urgent first, the queues in
-    kombu's fair cycle, which this turns); None when it consumes no queue."""
+    kombu's fair cycle), and its first queue's list for priority ``step``; None when it
+    consumes no queue."""
     queues = channel._queue_cycle.consume(len(channel.active_queues))
     if not queues:
         return None
     prefix = channel.global_keyprefix or ""
-    return [prefix + channel._q_for_pri(queue, step) for step in channel.priority_steps for queue in queues]
+    keys = [prefix + channel._q_for_pri(queue, pri) for pri in channel.priority_steps for queue in queues]
+    return keys, prefix + channel._q_for_pri(queues[0], step)
 
 
 def unacked_keys(channel: Any) -> tuple[str, str]:

@@ -11,10 +11,13 @@ way, and 100 SIGKILLs of a worker draining a giant client's backlog lost 1
 A router worker's task channel takes messages with ``lua/fetch.lua`` instead: one script
 pops the most urgent message, as BRPOP would, and records it in kombu's ``unacked`` hash
 and index, so from the moment it leaves its list kombu's sweep can put it back.  A script
-cannot block, so when every list was empty the worker waits with a BLMOVE of the most
-urgent list onto itself, which moves nothing (its tail goes back where it was): it returns
-as soon as a document arrives there, or after :data:`WAIT` seconds, and the worker fetches
-again.  An idle worker sees a document published to a less urgent list within ``WAIT``.
+cannot block, so when every list was empty the worker waits with a BLMOVE of one list onto
+itself, which moves nothing (its tail goes back where it was): it returns as soon as a
+document arrives there, or after :data:`WAIT` seconds, and the worker fetches again.  It
+waits on the list a document goes to when its client has nothing pending (the threshold
+table's priority for 0: priority 1 by default), where documents arrive while workers are
+idle; an idle worker sees a document of another priority within ``WAIT``.  (No Redis
+command waits on several lists without taking from them.)
 
 Where the broker refuses the script or BLMOVE (a Redis before 6.2, an ACL without
 ``EVAL`` or ``BLMOVE``, a full ``noeviction`` Redis refusing scripts), the worker takes
@@ -32,7 +35,7 @@ from typing import Any
 from celery import Celery, bootsteps
 
 from . import celery_internals
-from .brokers import Transport
+from .brokers import Transport, to_wire
 from .installation import installation_of
 
 logger = logging.getLogger("priority_router")
@@ -62,15 +65,18 @@ class FetchStep(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery is unt
         if installation is None or installation.engine.config.dry_run:
             return
         if installation.receiver.transport is Transport.REDIS:
-            ReliableFetch(celery_internals.task_channel(parent)).install()
+            idle = to_wire(installation.engine.policy.priority_for(0), Transport.REDIS)
+            ReliableFetch(celery_internals.task_channel(parent), idle).install()
 
 
 class ReliableFetch:
-    """One kombu Redis channel's fetch: the script while it finds documents, the wait after
-    it found none; kombu's BRPOP in place of a command the broker refused."""
+    """One kombu Redis channel's fetch: the script while it finds documents, the wait on its
+    first queue's list for ``idle_step`` after it found none; kombu's BRPOP in place of a
+    command the broker refused."""
 
-    def __init__(self, channel: Any, clock: Any = time.monotonic) -> None:
+    def __init__(self, channel: Any, idle_step: int = 0, clock: Any = time.monotonic) -> None:
         self._channel = channel
+        self._idle_step = idle_step
         self._clock = clock
         self._next = "fetch"
         self._sent = ""
@@ -85,15 +91,16 @@ class ReliableFetch:
         return at is None or self._clock() - at >= RETRY
 
     def command(self) -> list[Any] | None:
-        keys = celery_internals.fetch_keys(self._channel)
-        if keys is None:
+        lists = celery_internals.fetch_keys(self._channel, self._idle_step)
+        if lists is None:
             return None
+        keys, idle = lists
         wanted = self._next
         if not self._usable(wanted):
             wanted = "brpop"
         self._sent = wanted
         if wanted == "wait":
-            return ["BLMOVE", keys[0], keys[0], "RIGHT", "RIGHT", WAIT]
+            return ["BLMOVE", idle, idle, "RIGHT", "RIGHT", WAIT]
         if wanted == "fetch":
             index, unacked = celery_internals.unacked_keys(self._channel)
             return ["EVAL", SCRIPT, len(keys) + 2, index, unacked, *keys]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -119,24 +120,26 @@ def test_a_taken_document_is_unacked_before_the_worker_sees_it_and_kombu_puts_it
         assert back["properties"]["delivery_tag"] == tag and back["headers"]["redelivered"] is True
 
 
-def test_an_idle_worker_waits_on_its_most_urgent_list_without_moving_it(url: str, queue: str) -> None:
+def test_an_idle_worker_waits_on_a_list_without_moving_it(url: str, queue: str) -> None:
+    """It waits on the list of a client with nothing pending, and the wait moves nothing."""
     q = kombu_queue(queue)
     broker = redis.Redis.from_url(url)
+    idle = f"{queue}\x06\x161"
     with Connection(url, transport_options=options(queue)) as conn:
         channel = conn.default_channel
         with Consumer(channel, [q]):
-            fetch = ReliableFetch(channel)
+            fetch = ReliableFetch(channel, idle_step=1)
             first = fetch.command()
             assert first is not None
             assert broker.execute_command(*first) is None
             with pytest.raises(Empty):
                 fetch.read(nothing)  # kombu's read of the script's nil
             wait = fetch.command()
-            assert wait == ["BLMOVE", queue, queue, "RIGHT", "RIGHT", reliable_fetch.WAIT]
-        publish(conn, q, 0, 0, 0)
-        before = broker.lrange(queue, 0, -1)
+            assert wait == ["BLMOVE", idle, idle, "RIGHT", "RIGHT", reliable_fetch.WAIT]
+        publish(conn, q, 1, 1, 1)
+        before = broker.lrange(idle, 0, -1)
         assert broker.execute_command(*wait) == before[-1]  # returns at once, with the oldest
-        assert broker.lrange(queue, 0, -1) == before  # nothing moved: the order is kept
+        assert broker.lrange(idle, 0, -1) == before  # nothing moved: the order is kept
 
 
 def test_a_global_key_prefix_names_every_key(url: str, queue: str) -> None:
@@ -152,10 +155,12 @@ def test_a_global_key_prefix_names_every_key(url: str, queue: str) -> None:
         assert broker.keys(f"{queue}*") == []
 
 
-def test_a_broker_that_refuses_the_script_is_served_by_brpop_and_said_so_once(
-    url: str, queue: str, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize(("command", "named"), [("eval", "fetch script"), ("blmove", "wait (BLMOVE)")])
+def test_a_broker_that_refuses_a_command_is_served_by_brpop_and_said_so_once(
+    url: str, queue: str, command: str, named: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A least-privilege broker user without EVAL: the worker still takes every document."""
+    """A least-privilege broker user without EVAL or BLMOVE: the worker still takes every
+    document, published while it waits."""
     admin = redis.Redis.from_url(url)
     user, password = f"u-{queue}", "pw"
     admin.acl_setuser(
@@ -164,7 +169,7 @@ def test_a_broker_that_refuses_the_script_is_served_by_brpop_and_said_so_once(
         passwords=[f"+{password}"],
         keys=["*"],
         channels=["*"],
-        commands=["+@all", "-eval"],
+        commands=["+@all", f"-{command}"],
     )
     try:
         limited = url.replace("redis://", f"redis://{user}:{password}@")
@@ -172,12 +177,16 @@ def test_a_broker_that_refuses_the_script_is_served_by_brpop_and_said_so_once(
         with (
             caplog.at_level(logging.WARNING, "priority_router"),
             Connection(limited, transport_options=options(queue)) as conn,
+            Connection(url, transport_options=options(queue)) as publisher,
         ):
-            publish(conn, q, 0, 5, 9)
-            assert sorted(consume(conn, q, 3)) == [0, 1, 2]
-        warnings = [
-            r.getMessage() for r in caplog.records if "refused the worker's fetch script" in r.getMessage()
-        ]
-        assert len(warnings) == 1 and "EVAL" in warnings[0]
+            publish(publisher, q, 0)
+            later = threading.Timer(0.5, publish, (publisher, q, 0, 5, 9))
+            later.start()
+            try:
+                assert sorted(consume(conn, q, 4)) == [0, 0, 1, 2]
+            finally:
+                later.join()
+        warnings = [r.getMessage() for r in caplog.records if "refused the worker's" in r.getMessage()]
+        assert len(warnings) == 1 and named in warnings[0], warnings
     finally:
         admin.acl_deluser(user)

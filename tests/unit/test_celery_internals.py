@@ -247,3 +247,52 @@ def test_kombus_redis_sweep_of_unacked_messages_is_called_as_its_loop_calls_it()
     assert internals.restore_interval(app) == getattr(Channel, "unacked_restore_interval", 10)
     app.conf.broker_transport_options = {"unacked_restore_interval": 2}
     assert internals.restore_interval(app) == 2
+
+
+def test_kombus_redis_fetch_is_what_replace_fetch_replaces() -> None:
+    """kombu's Redis channel fetches with ``_brpop_start`` and reads with ``_brpop_read``,
+    through ``handlers``, and names its lists, unacked keys and errors where the reliable
+    fetch reads them (``tests/contract/test_fetch.py`` runs it on a real Redis)."""
+    from kombu.transport.redis import Channel
+
+    assert set(inspect.signature(Channel._brpop_start).parameters) == {"self", "timeout"}
+    assert "self" in inspect.signature(Channel._brpop_read).parameters
+    source = inspect.getsource(Channel)
+    for used in (
+        "self.handlers = {'BRPOP': self._brpop_read",
+        "self._queue_cycle",
+        "self.ResponseError",
+        "self.brpop_timeout",
+        "self._in_poll = self.client.connection",
+        "self.client.connection.send_command(",
+        "self.client.parse_response(self.client.connection,",
+    ):
+        assert used in source, used
+    for attribute in (
+        "unacked_key",
+        "unacked_index_key",
+        "global_keyprefix",
+        "priority_steps",
+    ):
+        assert hasattr(Channel, attribute), attribute
+
+
+def test_the_fetch_keys_are_brpops_and_a_replaced_fetch_sends_and_reads_through_the_callers() -> None:
+    from kombu.utils.scheduling import round_robin_cycle
+
+    channel = mock.Mock(
+        active_queues={"a", "b"}, priority_steps=[0, 5], global_keyprefix="p:", sep="\x06\x16"
+    )
+    channel._queue_cycle = round_robin_cycle(["a", "b"])
+    channel._q_for_pri = lambda queue, pri: queue if pri == 0 else f"{queue}\x06\x16{pri}"
+    channel.handlers = {}
+    keys, idle = internals.fetch_keys(channel, 5)  # type: ignore[misc]
+    assert keys == ["p:a", "p:b", "p:a\x06\x165", "p:b\x06\x165"] and idle == "p:a\x06\x165"
+    kombu_read = channel._brpop_read
+    internals.replace_fetch(channel, lambda: ["EVAL", "script"], lambda read: ("read", read()))
+    channel._brpop_start()
+    channel.client.connection.send_command.assert_called_once_with("EVAL", "script")
+    assert channel._in_poll is channel.client.connection
+    assert channel.handlers["BRPOP"] is channel._brpop_read
+    assert channel._brpop_read(timeout=1) == ("read", kombu_read.return_value)
+    kombu_read.assert_called_once_with(timeout=1)
