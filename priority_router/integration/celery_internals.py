@@ -30,7 +30,8 @@ documents these as public, so each has a test that fails when a release changes 
 - kombu's Redis fetch (``Channel._brpop_start`` sends a BRPOP of the lists
   ``Channel._queue_cycle`` and ``priority_steps`` name, ``Channel._brpop_read`` reads its
   reply, through ``Channel.handlers``; ``unacked_key``, ``unacked_index_key``,
-  ``global_keyprefix``), which ``reliable_fetch.py`` replaces on a worker's task channel;
+  ``global_keyprefix``), which ``reliable_fetch.py`` replaces on a worker's task channel,
+  and its ``QoS.append``, which writes the unacked record the fetch has written already;
 - the ``task-sent`` event of a task message being sent (``task_message.sent_event``), whose
   ``kwargs`` the publish hook annotates as it does the ``kwargsrepr`` header.
 """
@@ -285,6 +286,24 @@ def replace_fetch(
     channel._brpop_start = brpop_start
     channel._brpop_read = brpop_read
     channel.handlers["BRPOP"] = brpop_read
+
+
+def record_in_process(channel: Any, recorded: Callable[[Any], bool]) -> None:
+    """Have kombu's Redis ``channel`` keep each message ``recorded(message)`` says is in
+    its unacked hash and index already in the process's own state only (kombu's virtual
+    ``QoS.append``, which the Redis ``QoS.append`` calls after writing both)."""
+    from kombu.transport.virtual import QoS
+
+    qos = channel.qos
+    redis_append = qos.append
+
+    def append(message: Any, delivery_tag: Any) -> None:
+        if recorded(message):
+            QoS.append(qos, message, delivery_tag)  # type: ignore[no-untyped-call]  # kombu is untyped
+        else:
+            redis_append(message, delivery_tag)
+
+    qos.append = append
 
 
 def broker_refusal(channel: Any) -> type[Exception]:

@@ -26,6 +26,7 @@ with kombu's BRPOP instead, says so once, and tries again :data:`RETRY` seconds 
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from pathlib import Path
@@ -33,6 +34,7 @@ from queue import Empty
 from typing import Any
 
 from celery import Celery, bootsteps
+from redis.exceptions import NoScriptError
 
 from . import celery_internals
 from .brokers import Transport, to_wire
@@ -42,6 +44,7 @@ logger = logging.getLogger("priority_router")
 
 #: The fetch script; its KEYS and ARGV are documented at its top.
 SCRIPT = (Path(__file__).parent / "lua" / "fetch.lua").read_text()
+SHA = hashlib.sha1(SCRIPT.encode()).hexdigest()
 #: Most seconds an idle worker waits before it looks at every list again.
 WAIT = 0.1
 #: Seconds before a worker tries again a command the broker refused.
@@ -80,11 +83,23 @@ class ReliableFetch:
         self._clock = clock
         self._next = "fetch"
         self._sent = ""
+        #: Whether the broker has the script (sent whole once, then by its SHA).
+        self._loaded = False
+        #: Whether the channel is delivering a message the script took (and recorded).
+        self._taking = False
         #: When the broker last refused each command.
         self._refused: dict[str, float] = {}
 
     def install(self) -> None:
         celery_internals.replace_fetch(self._channel, self.command, self.read)
+        celery_internals.record_in_process(self._channel, self.recorded)
+
+    def recorded(self, message: Any) -> bool:
+        """Whether ``message`` is one the script took and recorded in kombu's unacked hash:
+        kombu need not write it there again (a round trip per document)."""
+        return (
+            self._taking and isinstance(message.delivery_tag, str) and isinstance(message.delivery_info, dict)
+        )
 
     def _usable(self, command: str) -> bool:
         at = self._refused.get(command)
@@ -103,7 +118,9 @@ class ReliableFetch:
             return ["BLMOVE", idle, idle, "RIGHT", "RIGHT", WAIT]
         if wanted == "fetch":
             index, unacked = celery_internals.unacked_keys(self._channel)
-            return ["EVAL", SCRIPT, len(keys) + 2, index, unacked, *keys]
+            script = ["EVALSHA", SHA] if self._loaded else ["EVAL", SCRIPT]
+            self._loaded = True
+            return [*script, len(keys) + 2, index, unacked, *keys]
         return ["BRPOP", *keys, self._channel.brpop_timeout or 0]
 
     def read(self, kombu_read: Any) -> Any:
@@ -111,17 +128,24 @@ class ReliableFetch:
         try:
             if sent == "wait":
                 celery_internals.read_other(self._channel, "BLMOVE")
+            self._taking = sent == "fetch"
             return kombu_read()
         except Empty:
             if sent == "fetch":
                 self._next = "wait"
             raise
+        except NoScriptError as exc:  # the broker lost its scripts (a restart, SCRIPT FLUSH)
+            self._loaded = False
+            raise Empty() from exc
         except celery_internals.broker_refusal(self._channel) as exc:
             if sent == "brpop":
                 raise
+            self._loaded = self._loaded and sent != "fetch"
             self._refuse(sent, exc)
             self._next = sent
             raise Empty() from exc
+        finally:
+            self._taking = False
 
     def _refuse(self, sent: str, exc: Exception) -> None:
         first = not self._refused
@@ -131,7 +155,7 @@ class ReliableFetch:
                 "priority-router: the broker refused the worker's %s (%s: %s); it takes documents with "
                 "kombu's BRPOP meanwhile, and a worker killed between taking a document and recording it "
                 "loses that document (docs/failure.md). Fix: a Redis broker of 6.2 or later whose user may "
-                "run EVAL and BLMOVE on the queues' keys",
+                "run EVAL, EVALSHA and BLMOVE on the queues' keys",
                 "fetch script" if sent == "fetch" else "wait (BLMOVE)",
                 type(exc).__name__,
                 exc,

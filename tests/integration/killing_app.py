@@ -9,8 +9,8 @@ its holding queue, the original not yet acknowledged), ``release:taken`` (taken 
 holding queue with its slot reserved, not yet published), ``release:published`` (published,
 not yet marked sent), ``release:marked`` (marked sent, the held copy not yet acknowledged),
 ``end:ended`` (a document's end counted, nothing released yet); and, on a Redis broker,
-``fetch:taken`` (a document taken from its queue by the worker's fetch, not yet recorded by
-kombu's ``QoS.append``).
+``fetch:taken`` (a document taken from its queue by the worker's fetch, not yet delivered
+to kombu's consumer, which records it in kombu's ``unacked`` hash).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import signal
 from typing import Any
 
 import redis
-from kombu.transport import redis as kombu_redis
+from kombu.transport import virtual
 
 from priority_router.integration import holding
 from priority_router.router import installed_router
@@ -70,4 +70,4 @@ _around(store_gate.GateStore, "take", "", "release:taken", lambda _, v: v.outcom
 _around(holding.Held, "send", "", "release:published")
 _around(store_gate.GateStore, "sent", "", "release:marked")
 _around(store_gate.GateStore, "end", "", "end:ended", lambda args, _: bool(args[2]))
-_around(kombu_redis.QoS, "append", "fetch:taken", "")
+_around(virtual.Transport, "_deliver", "fetch:taken", "")

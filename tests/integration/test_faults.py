@@ -210,7 +210,7 @@ def test_a_worker_killed_between_taking_a_document_and_recording_it_loses_none(
     runs = redis.Redis.from_url(env["RUNS_REDIS_URL"])
     app = producer()
     ids = [app.send_task("tests.count_run", headers={"client_id": "giant"}).id for _ in range(3)]
-    # It kills itself where kombu's QoS.append is called for the first document it took.
+    # It kills itself as kombu delivers the first document it took, before recording it.
     worker = Worker({**env, "GATE_STEP": "fetch:taken"}, "-P", "threads", "-c", "2", app="killing_app")
     try:
         worker.process.wait(timeout=60)

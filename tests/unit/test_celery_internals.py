@@ -296,3 +296,22 @@ def test_the_fetch_keys_are_brpops_and_a_replaced_fetch_sends_and_reads_through_
     assert channel.handlers["BRPOP"] is channel._brpop_read
     assert channel._brpop_read(timeout=1) == ("read", kombu_read.return_value)
     kombu_read.assert_called_once_with(timeout=1)
+
+
+def test_kombus_redis_qos_writes_its_unacked_record_then_keeps_the_message_as_the_virtual_qos_does() -> None:
+    from kombu.transport import redis as kombu_redis
+    from kombu.transport.virtual import QoS
+
+    source = inspect.getsource(kombu_redis.QoS.append)
+    assert (
+        ".hset(self.unacked_key, delivery_tag" in source and "super().append(message, delivery_tag)" in source
+    )
+    qos = mock.Mock()
+    qos.append = redis_append = mock.Mock()
+    channel = mock.Mock(qos=qos)
+    internals.record_in_process(channel, lambda message: message == "recorded")
+    with mock.patch.object(QoS, "append") as virtual_append:
+        channel.qos.append("recorded", "t1")
+        channel.qos.append("other", "t2")
+    virtual_append.assert_called_once_with(qos, "recorded", "t1")
+    redis_append.assert_called_once_with("other", "t2")

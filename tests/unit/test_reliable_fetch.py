@@ -10,6 +10,7 @@ from unittest import mock
 
 import pytest
 from kombu.utils.scheduling import round_robin_cycle
+from redis.exceptions import NoScriptError
 
 from priority_router.integration import reliable_fetch
 from priority_router.integration.reliable_fetch import ReliableFetch
@@ -50,9 +51,11 @@ def refused() -> None:
 
 def test_it_fetches_while_it_finds_documents_and_waits_once_after_finding_none() -> None:
     fetch = ReliableFetch(channel(), idle_step=1)
-    sent = fetch.command()
-    assert sent is not None and sent[:3] == ["EVAL", reliable_fetch.SCRIPT, 4]
-    assert sent[3:] == ["unacked_index", "unacked", "q", "q:1"]
+    first = fetch.command()
+    assert first == ["EVAL", reliable_fetch.SCRIPT, 4, "unacked_index", "unacked", "q", "q:1"]
+    assert fetch.read(message) == "delivered"
+    sent = fetch.command()  # the broker has the script now
+    assert sent == ["EVALSHA", reliable_fetch.SHA, *first[2:]]
     assert fetch.read(message) == "delivered"
     assert fetch.command() == sent
     with pytest.raises(Empty):
@@ -81,7 +84,7 @@ def test_a_refused_command_is_replaced_by_brpop_said_once_and_tried_again_later(
                 assert fetch.read(message) == "delivered"
                 clock.now += reliable_fetch.RETRY / 2
     warnings = [r.getMessage() for r in caplog.records]
-    assert len(warnings) == 1 and "fetch script" in warnings[0] and "EVAL and BLMOVE" in warnings[0]
+    assert len(warnings) == 1 and "fetch script" in warnings[0] and "EVAL, EVALSHA and BLMOVE" in warnings[0]
 
 
 def test_a_refused_brpop_is_kombus_error() -> None:
@@ -100,3 +103,35 @@ def test_a_channel_without_queues_sends_nothing() -> None:
     chan.active_queues = set()
     chan._queue_cycle = round_robin_cycle([])
     assert ReliableFetch(chan).command() is None
+
+
+def test_a_broker_that_lost_the_script_is_sent_it_again_without_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    fetch = ReliableFetch(channel())
+    fetch.command()
+    fetch.read(message)
+    assert fetch.command()[0] == "EVALSHA"  # type: ignore[index]
+
+    def lost() -> None:
+        raise NoScriptError("NOSCRIPT No matching script")
+
+    with caplog.at_level(logging.WARNING, "priority_router"), pytest.raises(Empty):
+        fetch.read(lost)
+    assert fetch.command()[0] == "EVAL"  # type: ignore[index]
+    assert caplog.records == []
+
+
+def test_kombu_records_again_only_what_the_script_did_not_take() -> None:
+    fetch = ReliableFetch(channel())
+    taken = mock.Mock(delivery_tag="tag", delivery_info={"exchange": "q"})
+    seen: list[bool] = []
+    fetch.command()
+    fetch.read(lambda: seen.append(fetch.recorded(taken)))  # delivered from the script's reply
+    assert not fetch.recorded(taken)  # between deliveries
+    fetch.command()
+    with pytest.raises(Empty):
+        fetch.read(refused)
+    assert fetch.command()[0] == "BRPOP"  # type: ignore[index]
+    fetch.read(lambda: seen.append(fetch.recorded(taken)))  # delivered from kombu's BRPOP
+    assert seen == [True, False]
