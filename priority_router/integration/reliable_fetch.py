@@ -10,17 +10,19 @@ way, and 100 SIGKILLs of a worker draining a giant client's backlog lost 1
 
 A router worker's task channel takes messages with ``lua/fetch.lua`` instead: one script
 pops the most urgent message, as BRPOP would, and records it in kombu's ``unacked`` hash
-and index, so from the moment it leaves its list kombu's sweep can put it back.  A script
+and index, so from the moment it leaves its list kombu's sweep can put it back; kombu then
+keeps it in the process without writing that record again.  A script
 cannot block, so when every list was empty the worker waits with a BLMOVE of one list onto
 itself, which moves nothing (its tail goes back where it was): it returns as soon as a
 document arrives there, or after :data:`WAIT` seconds, and the worker fetches again.  It
 waits on the list a document goes to when its client has nothing pending (the threshold
 table's priority for 0: priority 1 by default), where documents arrive while workers are
-idle; an idle worker sees a document of another priority within ``WAIT``.  (No Redis
-command waits on several lists without taking from them.)
+idle; an idle worker sees a document of another priority after ``WAIT`` to twice that
+(Redis ends a blocking command's wait on its ``hz`` tick).  (No Redis command waits on
+several lists without taking from them.)
 
 Where the broker refuses the script or BLMOVE (a Redis before 6.2, an ACL without
-``EVAL`` or ``BLMOVE``, a full ``noeviction`` Redis refusing scripts), the worker takes
+``EVAL``, ``EVALSHA`` or ``BLMOVE``, a full ``noeviction`` Redis refusing scripts), the worker takes
 with kombu's BRPOP instead, says so once, and tries again :data:`RETRY` seconds later.
 """
 
