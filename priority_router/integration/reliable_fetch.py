@@ -87,8 +87,9 @@ class ReliableFetch:
         self._sent = ""
         #: Whether the broker has the script (sent whole once, then by its SHA).
         self._loaded = False
-        #: Whether the channel is delivering a message the script took (and recorded).
+        #: Whether the channel is reading the script's reply, and has delivered its message.
         self._taking = False
+        self._delivered = False
         #: When the broker last refused each command.
         self._refused: dict[str, float] = {}
 
@@ -99,6 +100,7 @@ class ReliableFetch:
     def recorded(self, message: Any) -> bool:
         """Whether ``message`` is one the script took and recorded in kombu's unacked hash:
         kombu need not write it there again (a round trip per document)."""
+        self._delivered = self._taking
         return (
             self._taking and isinstance(message.delivery_tag, str) and isinstance(message.delivery_info, dict)
         )
@@ -126,7 +128,7 @@ class ReliableFetch:
         return ["BRPOP", *keys, self._channel.brpop_timeout or 0]
 
     def read(self, kombu_read: Any) -> Any:
-        sent, self._next = self._sent, "fetch"
+        sent, self._next, self._delivered = self._sent, "fetch", False
         try:
             if sent == "wait":
                 celery_internals.read_other(self._channel, "BLMOVE")
@@ -140,7 +142,7 @@ class ReliableFetch:
             self._loaded = False
             raise Empty() from exc
         except celery_internals.broker_refusal(self._channel) as exc:
-            if sent == "brpop":
+            if sent == "brpop" or self._delivered:  # kombu's error, or the consumer's
                 raise
             self._loaded = self._loaded and sent != "fetch"
             self._refuse(sent, exc)

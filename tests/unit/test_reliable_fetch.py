@@ -135,3 +135,18 @@ def test_kombu_records_again_only_what_the_script_did_not_take() -> None:
     assert fetch.command()[0] == "BRPOP"  # type: ignore[index]
     fetch.read(lambda: seen.append(fetch.recorded(taken)))  # delivered from kombu's BRPOP
     assert seen == [True, False]
+
+
+def test_a_redis_error_of_the_consumer_is_not_taken_for_a_refusal(caplog: pytest.LogCaptureFixture) -> None:
+    fetch = ReliableFetch(channel())
+    taken = mock.Mock(delivery_tag="tag", delivery_info={"exchange": "q"})
+
+    def consumer_fails() -> None:
+        fetch.recorded(taken)  # the message reached kombu's consumer
+        raise Refused("WRONGTYPE in the consumer's own call")
+
+    fetch.command()
+    with caplog.at_level(logging.WARNING, "priority_router"), pytest.raises(Refused):
+        fetch.read(consumer_fails)
+    assert caplog.records == []
+    assert fetch.command()[0] == "EVALSHA"  # type: ignore[index]
