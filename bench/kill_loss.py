@@ -17,6 +17,7 @@ multiplier of 1), so the two differ only by the router:
     python bench/kill_loss.py --router on --pool prefork --kills 100
     python bench/kill_loss.py --router off --pool prefork --kills 100
     python bench/kill_loss.py --router on --pool threads --kills 100
+    python bench/kill_loss.py --router on --amqp amqp://guest:guest@127.0.0.1:5672//  # RabbitMQ
 
 Each kill takes the worker's start (2-4 s here) and its life; every loop stops by itself.
 """
@@ -35,12 +36,12 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 import redis  # noqa: E402
+from kombu import Connection  # noqa: E402
 from support.services import fast_redelivery, worker_command, worker_environment  # noqa: E402
 
 from workers.app import create_app  # noqa: E402
@@ -89,31 +90,56 @@ class KillableWorker:
         self.kill()
 
 
-def broker_state(broker: redis.Redis, queue: str, options: dict[str, Any]) -> dict[str, int]:
-    lists = [k for k in broker.scan_iter(f"{queue}*") if broker.type(k) == b"list"]
-    return {
-        "ready": sum(broker.llen(k) for k in lists),
-        "unacked": broker.hlen(options["unacked_key"]),
-        "unacked_index": broker.zcard(options["unacked_index_key"]),
-    }
+class Broker:
+    """The test queue's broker: what is left in it, and where a document is."""
 
+    def __init__(self, env: dict[str, str], queue: str) -> None:
+        self.queue = queue
+        self.redis = None if env["BROKER_URL"].startswith("amqp") else redis.Redis.from_url(env["BROKER_URL"])
+        self.options = json.loads(env.get("BROKER_TRANSPORT_OPTIONS") or "{}")
+        self.url = env["BROKER_URL"]
 
-def where(broker: redis.Redis, task_id: str) -> list[str]:
-    """Every key of the broker's database whose value names ``task_id``."""
-    found = []
-    for key in broker.scan_iter():
-        kind = broker.type(key)
-        if kind == b"list":
-            values = broker.lrange(key, 0, -1)
-        elif kind == b"hash":
-            values = broker.hvals(key)
-        elif kind == b"zset":
-            values = broker.zrange(key, 0, -1)
-        else:
-            continue
-        if any(task_id.encode() in v for v in values):
-            found.append(key.decode(errors="replace"))
-    return found
+    def state(self) -> dict[str, int]:
+        if self.redis is None:
+            with Connection(self.url) as conn:
+                try:
+                    _, ready, _ = conn.default_channel.queue_declare(self.queue, passive=True)
+                except conn.channel_errors:
+                    ready = 0
+            return {"ready": ready}
+        lists = [k for k in self.redis.scan_iter(f"{self.queue}*") if self.redis.type(k) == b"list"]
+        return {
+            "ready": sum(self.redis.llen(k) for k in lists),
+            "unacked": self.redis.hlen(self.options["unacked_key"]),
+            "unacked_index": self.redis.zcard(self.options["unacked_index_key"]),
+        }
+
+    def where(self, task_id: str) -> str:
+        """Every key of the broker's database whose value names ``task_id`` (Redis)."""
+        if self.redis is None:
+            return "not searched (RabbitMQ)"
+        found = []
+        for key in self.redis.scan_iter():
+            kind = self.redis.type(key)
+            if kind == b"list":
+                values = self.redis.lrange(key, 0, -1)
+            elif kind == b"hash":
+                values = self.redis.hvals(key)
+            elif kind == b"zset":
+                values = self.redis.zrange(key, 0, -1)
+            else:
+                continue
+            if any(task_id.encode() in v for v in values):
+                found.append(key.decode(errors="replace"))
+        return ", ".join(found) or "nowhere"
+
+    def clear(self) -> None:
+        if self.redis is None:
+            with Connection(self.url) as conn, contextlib.suppress(*conn.channel_errors):
+                conn.default_channel.queue_delete(self.queue)
+            return
+        for key in self.redis.scan_iter(f"{self.queue}*"):
+            self.redis.delete(key)
 
 
 def main() -> None:
@@ -135,6 +161,7 @@ def main() -> None:
     parser.add_argument("--drain", type=float, default=240, help="most seconds the final drain may take")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--settings", default="", help="extra Celery settings for the worker (JSON)")
+    parser.add_argument("--amqp", default="", help="a RabbitMQ URL: the broker, instead of Redis database 1")
     args = parser.parse_args()
 
     rng = random.Random(args.seed)
@@ -151,14 +178,16 @@ def main() -> None:
         "WORKER_INCLUDE": "worker_tasks",
         "WORKERS_ROUTER": args.router,
     }
-    env["BROKER_TRANSPORT_OPTIONS"] = fast_redelivery(env)
+    if args.amqp:
+        env["BROKER_URL"] = args.amqp  # RabbitMQ requeues a dead worker's messages at once
+    else:
+        env["BROKER_TRANSPORT_OPTIONS"] = fast_redelivery(env)
     settings = json.loads(args.settings or "{}")
     if args.router == "off":
         # What the router sets for priorities; plain Celery's early acks lose running documents by design.
         settings = {"task_acks_late": True, "worker_prefetch_multiplier": 1, **settings}
     env["CELERY_SETTINGS"] = json.dumps(settings)
-    options = json.loads(env["BROKER_TRANSPORT_OPTIONS"])
-    broker = redis.Redis.from_url(env["BROKER_URL"])
+    broker = Broker(env, queue)
     runs = redis.Redis.from_url(env["RUNS_REDIS_URL"])
 
     app = create_app(env)
@@ -173,7 +202,7 @@ def main() -> None:
     worker_args = ("--pool", args.pool, "--concurrency", str(args.concurrency))
     kills = 0
     for _ in range(args.kills):
-        if broker_state(broker, queue, options)["ready"] == 0:
+        if broker.state()["ready"] == 0:
             print("the backlog ran out: stopping the kills")
             break
         worker = KillableWorker(env, *worker_args)
@@ -183,9 +212,7 @@ def main() -> None:
         kills += 1
         if kills % 10 == 0:
             started = runs.hlen(env["RUNS_KEY"])
-            print(
-                f"  {kills} kills, {started} documents started, broker {broker_state(broker, queue, options)}"
-            )
+            print(f"  {kills} kills, {started} documents started, broker {broker.state()}")
 
     worker = KillableWorker(env, *worker_args)
     worker.wait_ready()
@@ -196,7 +223,7 @@ def main() -> None:
         started = runs.hlen(env["RUNS_KEY"])
         if started != last:
             last, quiet_since = started, time.monotonic()
-        state = broker_state(broker, queue, options)
+        state = broker.state()
         if started >= len(ids) or (not any(state.values()) and time.monotonic() - quiet_since > 10):
             break
         time.sleep(0.5)
@@ -205,16 +232,15 @@ def main() -> None:
     started_ids = {k.decode() for k in runs.hkeys(env["RUNS_KEY"])}
     lost = [i for i in ids if i not in started_ids]
     twice = sum(1 for v in runs.hvals(env["RUNS_KEY"]) if int(v) > 1)
-    state = broker_state(broker, queue, options)
+    state = broker.state()
     print(
         f"kills: {kills}; documents: {len(ids)}; started: {len(started_ids)}; started more than once: {twice}"
     )
     per_kill = len(lost) / max(kills, 1)
     print(f"never started: {len(lost)} ({per_kill:.3f} per kill); broker after the drain: {state}")
     for task_id in lost:
-        print(f"  {task_id}: in the broker at {where(broker, task_id) or 'nowhere'}")
-    for key in broker.scan_iter(f"{queue}*"):
-        broker.delete(key)
+        print(f"  {task_id}: in the broker at {broker.where(task_id)}")
+    broker.clear()
     runs.delete(env["RUNS_KEY"])
     app.close()
 
