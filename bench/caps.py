@@ -46,17 +46,20 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT)]
 
 import redis  # noqa: E402
-from support.services import Worker  # noqa: E402
-from support.simulation import most_at_once  # noqa: E402
 
 from priority_router import PriorityRouter  # noqa: E402
 from priority_router.router import engine_of  # noqa: E402
 from workers.app import create_app  # noqa: E402
 from workers.local_redis import RedisDatabases  # noqa: E402
-from workers.workload import HOLD, p95  # noqa: E402
+from workers.services import Worker  # noqa: E402
+from workers.workload import (  # noqa: E402
+    HOLD,
+    most_at_once,
+    p95,
+)
 
 HEAVY = "heavy"
 #: Seconds between two looks at the heavy client's gate.

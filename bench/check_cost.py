@@ -29,7 +29,7 @@ from pathlib import Path
 import redis
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT)]
 
 from priority_router.config import RouterConfig  # noqa: E402
 from priority_router.store.client_ids import client_key  # noqa: E402

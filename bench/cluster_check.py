@@ -37,9 +37,7 @@ import redis
 from redis.connection import AbstractConnection
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-
-from support.cluster import cluster_programs, running_cluster  # noqa: E402
+sys.path[:0] = [str(ROOT)]
 
 from bench.provenance import machine_line  # noqa: E402
 from priority_router.config import RouterConfig  # noqa: E402
@@ -47,6 +45,7 @@ from priority_router.store.client_ids import client_key  # noqa: E402
 from priority_router.store.connection import make_client  # noqa: E402
 from priority_router.store.counter import Counter  # noqa: E402
 from priority_router.store.packed import pipelined_add  # noqa: E402
+from workers.cluster import cluster_programs, running_cluster  # noqa: E402
 from workers.local_redis import start_embedded_redis  # noqa: E402
 
 PREFIX = "cluster-check:"

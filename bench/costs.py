@@ -22,12 +22,11 @@ import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-
-from support.services import Worker  # noqa: E402
+sys.path[:0] = [str(ROOT)]
 
 from workers.app import create_app  # noqa: E402
 from workers.local_redis import RedisDatabases, redis_or_embedded  # noqa: E402
+from workers.services import Worker  # noqa: E402
 from workers.workload import p95  # noqa: E402
 
 TASK = "workers.hold_document"

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 import hiredis
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT)]
 
 from priority_router.store.client_ids import INFLIGHT_SUFFIX, ORDER_SUFFIX, TIER_SUFFIX, client_key  # noqa: E402
 from priority_router.store.costs import RESOLUTION, SENTINEL  # noqa: E402

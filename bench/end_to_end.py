@@ -36,7 +36,7 @@ against a throwaway ``redis-server`` instead, so that the Redis CPU column is th
 benchmark's alone.
 
 ``--cluster N`` gives the router a counter store of its own, a local Redis Cluster of
-``N`` masters without replicas (``tests/support/cluster.py``; the broker and the marks stay
+``N`` masters without replicas (``workers/cluster.py``; the broker and the marks stay
 on the one Redis), and ``--store URL`` any other store; the table then shows publishing's
 own rate too (documents published per second, first publish to last).
 
@@ -63,7 +63,7 @@ from typing import IO, Any
 import redis
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT)]
 
 from bench.floor import close_all  # noqa: E402
 from bench.provenance import code_version  # noqa: E402
@@ -401,7 +401,7 @@ def main() -> None:
         with contextlib.ExitStack() as stack:
             store = args.store
             if args.cluster:
-                from support.cluster import running_cluster
+                from workers.cluster import running_cluster
 
                 store = stack.enter_context(running_cluster(masters=args.cluster, replicas=0)).url
             rounds = []

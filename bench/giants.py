@@ -44,9 +44,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-
-from support.services import running_worker  # noqa: E402
+sys.path[:0] = [str(ROOT)]
 
 from bench.simulate_fidelity import dispatch_gap  # noqa: E402
 from priority_router.config import RouterConfig  # noqa: E402
@@ -54,6 +52,7 @@ from priority_router.simulation import TraceBuilder, build, p95, run  # noqa: E4
 from priority_router.thresholds import WIDE_THRESHOLDS  # noqa: E402
 from workers.app import create_app  # noqa: E402
 from workers.local_redis import RedisDatabases, redis_or_embedded  # noqa: E402
+from workers.services import running_worker  # noqa: E402
 from workers.workload import Giants, Sent, publish_timed  # noqa: E402
 
 #: name -> (router on, ``PRIORITY_ROUTER_THRESHOLDS``, the simulator's policy, its configuration)

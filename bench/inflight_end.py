@@ -30,7 +30,7 @@ from pathlib import Path
 import redis
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT)]
 
 from bench.provenance import code_version  # noqa: E402
 from priority_router.store.inflight import InflightCounter  # noqa: E402

@@ -51,7 +51,7 @@ import hiredis
 import redis
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT)]
 
 from bench.provenance import code_version  # noqa: E402
 from priority_router.config import RouterConfig  # noqa: E402

@@ -30,12 +30,15 @@ import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-
-from support.services import Worker, stop_process  # noqa: E402
+sys.path[:0] = [str(ROOT)]
 
 from workers.app import create_app  # noqa: E402
-from workers.local_redis import RedisDatabases, redis_or_embedded  # noqa: E402
+from workers.local_redis import (  # noqa: E402
+    RedisDatabases,
+    redis_or_embedded,
+    stop_process,
+)
+from workers.services import Worker  # noqa: E402
 from workers.workload import p95  # noqa: E402
 
 CONCURRENCY = {"gevent": 20, "eventlet": 20, "threads": 8, "prefork": 2, "solo": 1}

@@ -35,7 +35,7 @@ import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT)]
 
 MODES = ("plain", "floor", "router", "tuned")
 TASK = "workers.hold_document"
@@ -137,7 +137,7 @@ def main() -> None:
     with contextlib.ExitStack() as stack:
         store = None
         if args.cluster:
-            from support.cluster import running_cluster
+            from workers.cluster import running_cluster
 
             store = stack.enter_context(running_cluster(masters=args.cluster, replicas=0)).url
         for mode in modes:

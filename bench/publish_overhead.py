@@ -75,7 +75,7 @@ def base_mode(mode: str) -> str:
     return mode
 
 
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT)]
 
 
 def child(
@@ -292,7 +292,7 @@ def main() -> None:
     with contextlib.ExitStack() as stack:
         store = None
         if args.cluster:
-            from support.cluster import running_cluster
+            from workers.cluster import running_cluster
 
             store = stack.enter_context(running_cluster(masters=args.cluster, replicas=0)).url
         for _ in range(max(1, args.processes)):

@@ -38,13 +38,12 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-
-from support.rabbitmq_migration import Publisher, publish_backlog, ran, run_migrate  # noqa: E402
-from support.services import Worker, ensure_rabbitmq, temporary_vhost  # noqa: E402
+sys.path[:0] = [str(ROOT)]
 
 from bench.provenance import code_version  # noqa: E402
 from workers.local_redis import start_embedded_redis  # noqa: E402
+from workers.rabbitmq_migration import Publisher, publish_backlog, ran, run_migrate  # noqa: E402
+from workers.services import Worker, ensure_rabbitmq, temporary_vhost  # noqa: E402
 
 #: A publish that took longer than this was held (an ordinary one takes a few ms).
 HELD = 0.1

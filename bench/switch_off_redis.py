@@ -22,13 +22,13 @@ import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT)]
 
 import redis  # noqa: E402
-from support.services import Worker, worker_environment  # noqa: E402
 
 from workers.app import create_app  # noqa: E402
 from workers.local_redis import RedisDatabases, redis_or_embedded  # noqa: E402
+from workers.services import Worker, worker_environment  # noqa: E402
 
 TASK = "workers.sleep_document"
 _SUCCEEDED = re.compile(r"Task workers\.sleep_document\[([0-9a-f-]+)\] succeeded")

@@ -8,6 +8,7 @@ replays the very documents these functions publish, and both measure them alike.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 
 from celery import Celery
 
@@ -27,6 +28,7 @@ __all__ = [
     "SteadyBurst",
     "Wait",
     "jain",
+    "most_at_once",
     "p95",
     "publish",
     "publish_steady_burst",
@@ -91,3 +93,15 @@ def publish_steady_burst(app: Celery, workload: SteadyBurst, timeout: float = 30
         sent[tid] = (doc, at)
         app.AsyncResult(tid).get(timeout=timeout)
     return sent
+
+
+def most_at_once(spans: Iterable[tuple[float, float]]) -> int:
+    """The most (start, end) spans that overlap at one instant; an end and a start at the
+    same instant do not overlap."""
+    pairs = list(spans)
+    events = sorted([(start, 1) for start, _ in pairs] + [(end, -1) for _, end in pairs])
+    running = most = 0
+    for _, step in events:
+        running += step
+        most = max(most, running)
+    return most

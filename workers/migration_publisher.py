@@ -1,6 +1,6 @@
 """A real Celery publisher that keeps publishing while a queue is migrated.
 
-    python tests/support/migration_publisher.py OUT STOP [--rate 50] [--seconds 0]
+    python workers/migration_publisher.py OUT STOP [--rate 50] [--seconds 0]
 
 Publishes ``workers.hold_document`` documents with the ``workers.app`` app configured from
 the environment (``BROKER_URL``, ``DOCUMENT_QUEUE``, ``WORKERS_ROUTER``,
@@ -19,7 +19,7 @@ import time
 import uuid
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
 
 
