@@ -3,6 +3,7 @@ docstrings are gone (Lua counted the same way, ``--`` comments out).
 
     python scripts/loc.py            # this checkout
     python scripts/loc.py --rev REV  # the package as it was at a git revision
+    python scripts/loc.py --bench    # the benchmarks instead, per script (--rev too)
 """
 
 from __future__ import annotations
@@ -49,22 +50,22 @@ def code_lines(path: str, text: str) -> int:
     return len(lines - docstrings)
 
 
-def files(rev: str | None) -> dict[str, str]:
+def files(rev: str | None, folder: str = "priority_router") -> dict[str, str]:
     if rev is None:
         return {
-            str(p.relative_to(ROOT / "priority_router")): p.read_text()
-            for p in (ROOT / "priority_router").rglob("*")
+            str(p.relative_to(ROOT / folder)): p.read_text()
+            for p in (ROOT / folder).rglob("*")
             if p.suffix in (".py", ".lua")
         }
     listed = subprocess.run(
-        ["git", "ls-tree", "-r", "--name-only", rev, "priority_router/"],
+        ["git", "ls-tree", "-r", "--name-only", rev, f"{folder}/"],
         cwd=ROOT,
         check=True,
         capture_output=True,
         text=True,
     ).stdout.split()
     return {
-        name.removeprefix("priority_router/"): subprocess.run(
+        name.removeprefix(f"{folder}/"): subprocess.run(
             ["git", "show", f"{rev}:{name}"], cwd=ROOT, check=True, capture_output=True, text=True
         ).stdout
         for name in listed
@@ -75,7 +76,14 @@ def files(rev: str | None) -> dict[str, str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rev", help="a git revision instead of the working tree")
+    parser.add_argument("--bench", action="store_true", help="the benchmarks in bench/, per script")
     args = parser.parse_args()
+    if args.bench:
+        counts = {path: code_lines(path, text) for path, text in sorted(files(args.rev, "bench").items())}
+        for path, count in counts.items():
+            print(f"{path:28} {count:6}")
+        print(f"{'total':28} {sum(counts.values()):6}")
+        return
     totals = dict.fromkeys((name for name, _ in CONCERNS), 0)
     for path, text in files(args.rev).items():
         concern = next(name for name, prefixes in CONCERNS if path.startswith(prefixes))
