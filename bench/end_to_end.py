@@ -23,7 +23,7 @@ installs (prefetch 1, ``priority_steps`` 0..9, ``queue_order_strategy=priority``
 no counter check, which splits the router's cost into settings and per-publish check.
 "floor" (not run unless asked) is plain Celery whose publishers' ``before_task_publish``
 receiver sends one ``PING`` to the server the router's check would go to (on a cluster,
-the master of the document's client; ``bench/floor.py``) and does nothing else: what any
+the master of the document's client; ``bench/publish.py``) and does nothing else: what any
 hook that asks the counter store once per publish costs, however lean.
 Every round runs each mode once, in reversed order every other round (plain, router;
 router, plain; ...).  Reported: documents/s per run, their medians, and the median of
@@ -65,8 +65,8 @@ import redis
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
 
-from bench.floor import close_all  # noqa: E402
 from bench.provenance import code_version  # noqa: E402
+from bench.publish import close_all  # noqa: E402
 from priority_router.store.client_ids import glob_escape  # noqa: E402
 from workers.local_redis import RedisDatabases, redis_answers, start_embedded_redis, stop_process  # noqa: E402
 
@@ -114,7 +114,7 @@ def publisher(args: argparse.Namespace) -> None:
     if env["PUBLISH_FLOOR"] == "on":
         from celery.signals import before_task_publish
 
-        from bench.floor import ping_receiver, pinged_servers
+        from bench.publish import ping_receiver, pinged_servers
 
         names = [f"warm-{args.index}-{n}" for n in range(10)]
         names += [client_of(args.index, n, args.publishers, args.clients) for n in range(args.clients)]
