@@ -1,153 +1,358 @@
-"""Noisy neighbour: does a heavy client's burst delay light clients?
+"""Fairness on a real worker: light clients' waits beside heavy clients' backlogs, each
+configuration against plain Celery (or the strict router) in the same run, in turn.
 
-One heavy client dumps ``--heavy`` documents; then ``--light-clients`` clients send
-``--light-docs`` each, spread over the first second of the backlog; a real worker with
-``--threads`` threads runs documents that hold a slot for ``--doc-ms`` on average
-(``--jitter`` spreads lengths evenly around it, the same seeded lengths in both runs).  The same
-workload runs on plain Celery and with the router, in the same run, on the same broker.
+    python bench/fairness.py [--repeat 3] [--broker amqp://...] [--pool prefork]   # noisy neighbour
+    python bench/fairness.py --simulate [--repeat 3]   # ... and the simulator replaying each run
+    python bench/fairness.py --workload starvation [--repeat 2]   # the strict router vs max_wait=3
+    python bench/fairness.py --workload modes [--repeat 3]        # the counting modes, two workloads
 
-    python bench/fairness.py                       # Redis broker
-    python bench/fairness.py --broker amqp://guest:guest@127.0.0.1:5672//
+Workloads (``workers/workload.py``, the simulator's ``--workload`` definitions):
+
+- ``noisy`` (``noisy-neighbour``): one client dumps ``--heavy`` documents (160); once they are
+  out, ``--light-clients`` (12) send ``--light-docs`` (2) each over ``--light-spread`` s (1);
+  configurations ``fifo`` (plain Celery, its defaults) and ``seed`` (the router);
+- ``starvation``: one client sends ``--heavy`` (25) at once, then a new light client sends one
+  document every ``1 / --rate`` s for ``--stream`` s, more than ``--threads`` (2) slots can
+  run; ``seed`` (strict) against ``seed+max_wait`` (``--max-wait`` 3);
+- ``steady+burst``: a steady client sends ``--steady`` (30) one at a time, each when the previous
+  ended; before its ``--burst-after``+1-th another dumps ``--burst`` (150);
+- ``heavy-mix``: clients dump ``--heavy`` (120 60 30) documents ``--heavy-gap`` s (0.5) apart;
+  8 light clients send 2 each over 2.5 s;
+- ``modes``: both of the last two, under fifo, seed, seed+max_wait, inflight and
+  inflight+max_wait (``--max-wait`` 1).
+
+A real worker (``--pool``, ``--threads``) runs documents holding a slot ``--doc-ms`` (50) on
+average, ``--jitter`` (0.5) spreading them evenly around it, the same seeded lengths in every
+run.  A wait runs from the publisher's ``send_task`` returning to the worker starting the
+document.  Jain is over the clients' slowdowns, mean(wait + service) / mean(service).
+
+``--simulate`` (``noisy``, Redis broker) replays each run in the simulator twice: the run's
+own trace (publish times as recorded, slot times as the worker reported, the run's median
+dispatch gap as the overhead) and the workload as defined (``simulate --workload``).
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import os
 import statistics
 import sys
 import time
 import uuid
+from collections import defaultdict
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
 
+from priority_router.config import RouterConfig  # noqa: E402
+from priority_router.simulation import Trace, TraceBuilder, build, run  # noqa: E402
 from workers.app import create_app  # noqa: E402
 from workers.local_redis import RedisDatabases, redis_or_embedded  # noqa: E402
 from workers.services import running_worker  # noqa: E402
-from workers.workload import NoisyNeighbour, p95, publish, waits_by_group  # noqa: E402
+from workers.workload import (  # noqa: E402
+    HeavyMix,
+    NoisyNeighbour,
+    SteadyBurst,
+    jain,
+    p95,
+    publish,
+    publish_steady_burst,
+    publish_timed,
+    slowdown,
+)
 
-#: What one run measured: the workload, the clock before the first publish, task id ->
-#: (group, publish time), and task id -> the worker's report (``started_at``, ``finished_at``).
-Measured = tuple[NoisyNeighbour, float, dict[str, tuple[str, float]], dict[str, dict[str, Any]]]
+#: name -> (router on, mode, uses max_wait)
+CONFIGS = {
+    "fifo": (False, "seed", False),
+    "seed": (True, "seed", False),
+    "seed+max_wait": (True, "seed", True),
+    "inflight": (True, "inflight", False),
+    "inflight+max_wait": (True, "inflight", True),
+}
+#: --workload -> (the workloads it runs, its default configurations and options).
+WORKLOADS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
+    "noisy": (("noisy",), {"configs": "fifo,seed", "heavy": [160], "light_clients": 12, "light_spread": 1.0}),
+    "starvation": (
+        ("starvation",),
+        {"configs": "seed,seed+max_wait", "heavy": [25], "threads": 2, "max_wait": 3.0},
+    ),
+    "steady+burst": (("steady+burst",), {}),
+    "heavy-mix": (("heavy-mix",), {}),
+    "modes": (("steady+burst", "heavy-mix"), {}),
+}
+DEFAULTS = {"configs": ",".join(CONFIGS), "heavy": [120, 60, 30], "light_clients": 8, "light_spread": 2.5}
+DEFAULTS |= {"threads": 4, "max_wait": 1.0}
+
+#: One run: the workload, the clock before the first publish, task id -> (group, publish
+#: time), and task id -> the worker's report (``client_id``, ``started_at``, ``finished_at``).
+Measured = tuple[Any, float, dict[str, tuple[str, float]], dict[str, dict[str, Any]]]
 
 
-def measure(mode: str, args: argparse.Namespace, redis_url: str) -> Measured:
-    """Run the workload once on a real worker, plain Celery (``mode="plain"``) or with the router."""
+def measure(workload: str, config: str, args: argparse.Namespace, redis_url: str) -> Measured:
+    router, mode, bounded = CONFIGS[config]
+    dbs = RedisDatabases.from_url(redis_url)
     env = {
-        "BROKER_URL": args.broker or RedisDatabases.from_url(redis_url).broker,
-        "RESULT_BACKEND": RedisDatabases.from_url(redis_url).results,
-        "DOCUMENT_QUEUE": f"bench-{mode}-{uuid.uuid4().hex[:6]}",
-        "WORKERS_ROUTER": "on" if mode == "router" else "off",
-        "PRIORITY_ROUTER_REDIS_URL": RedisDatabases.from_url(redis_url).counter,
+        "BROKER_URL": args.broker or dbs.broker,
+        "RESULT_BACKEND": dbs.results,
+        "DOCUMENT_QUEUE": f"bench-{uuid.uuid4().hex[:6]}",
+        "WORKERS_ROUTER": "on" if router else "off",
+        "PRIORITY_ROUTER_REDIS_URL": dbs.counter,
         "PRIORITY_ROUTER_KEY_PREFIX": f"bench-{uuid.uuid4().hex[:6]}:",
+        "PRIORITY_ROUTER_MODE": mode,
+        "PRIORITY_ROUTER_CONSUMER_CHECK_INTERVAL": "0",
+        **({"PRIORITY_ROUTER_MAX_WAIT": repr(args.max_wait)} if bounded else {}),
     }
     app = create_app(env)
-    workload = NoisyNeighbour(
-        heavy=args.heavy,
-        light_clients=args.light_clients,
-        light_docs=args.light_docs,
-        doc_seconds=args.doc_ms / 1000,
-        jitter=args.jitter,
-        light_start=args.light_start,
-        light_spread=args.light_spread,
-        seed=args.seed,  # the same document lengths in both runs
-    )
+    seconds, jitter = args.doc_ms / 1000, args.jitter
+    shape: Any
+    if workload in ("noisy", "starvation"):
+        light = round(args.rate * args.stream) if workload == "starvation" else args.light_clients
+        shape = NoisyNeighbour(
+            heavy=args.heavy[0],
+            light_clients=light,  # under starvation every light document comes from a new client
+            light_docs=1 if workload == "starvation" else args.light_docs,
+            doc_seconds=seconds,
+            jitter=0.0 if workload == "starvation" else jitter,
+            light_start=0.05,
+            light_spread=args.stream if workload == "starvation" else args.light_spread,
+            seed=args.seed,
+        )
+    elif workload == "steady+burst":
+        shape = SteadyBurst(
+            steady=args.steady,
+            burst=args.burst,
+            burst_after=args.burst_after,
+            doc_seconds=seconds,
+            jitter=jitter,
+            seed=args.seed,
+        )
+    else:
+        shape = HeavyMix(
+            heavy=tuple(args.heavy),
+            heavy_gap=args.heavy_gap,
+            light_clients=args.light_clients,
+            light_docs=args.light_docs,
+            light_spread=args.light_spread,
+            doc_seconds=seconds,
+            jitter=jitter,
+            seed=args.seed,
+        )
     with running_worker(env, "--pool", args.pool, "--concurrency", str(args.threads)):
         start = time.time()
-        published = publish(app, workload)
+        if isinstance(shape, NoisyNeighbour):
+            published = publish(app, shape)
+        else:
+            sent = (
+                publish_steady_burst(app, shape)
+                if workload == "steady+burst"
+                else publish_timed(app, shape.documents())
+            )
+            published = {tid: (doc.group, at) for tid, (doc, at) in sent.items()}
         results = {tid: app.AsyncResult(tid).get(timeout=300) for tid in published}
     app.close()
-    return workload, start, published, results
+    return shape, start, published, results
 
 
-def run(mode: str, args: argparse.Namespace, redis_url: str) -> dict[str, Any]:
-    _, start, published, results = measure(mode, args, redis_url)
-    waits = waits_by_group(published, results)
+def metrics(measured: Measured) -> dict[str, Any]:
+    _, start, published, results = measured
+    light: list[float] = []
+    waits: dict[str, list[float]] = defaultdict(list)
+    services: dict[str, list[float]] = defaultdict(list)
+    heavy: dict[str, float] = {}
+    for tid, (group, at) in published.items():
+        report = results[tid]
+        wait, client = report["started_at"] - at, report["client_id"]
+        waits[client].append(wait)
+        services[client].append(report["finished_at"] - report["started_at"])
+        if group == "light":
+            light.append(wait)
+        else:
+            heavy[client] = max(wait, heavy.get(client, 0.0))
     return {
-        "mode": mode,
         "processed": len(results),
         "published": len(published),
-        "light_p50": statistics.median(waits["light"]),
-        "light_p95": p95(waits["light"]),
-        "heavy_p50": statistics.median(waits["heavy"]),
-        "heavy_p95": p95(waits["heavy"]),
+        "light_p50": statistics.median(light),
+        "light_p95": p95(light),
+        "light_max": max(light),
+        "heavy_max": heavy,
+        "heavy_p95": p95([w for c in heavy for w in waits[c]]),
         "makespan": max(r["finished_at"] for r in results.values()) - start,
+        "jain": jain([slowdown(waits[c], services[c]) for c in waits]),
     }
 
 
-def arguments(description: str | None = __doc__) -> argparse.ArgumentParser:
-    """The benchmark's options (``bench/simulate_fidelity.py`` takes the same)."""
-    parser = argparse.ArgumentParser(
-        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+def spread(values: list[float], scale: float = 1, form: str = ".2f") -> str:
+    values = [v * scale for v in values]
+    return f"{statistics.median(values):{form}} ({min(values):{form}}-{max(values):{form}})"
+
+
+# --- --simulate: the simulator replaying each run ---------------------------------------------
+
+
+def dispatch_gap(published: Mapping[str, float], results: Mapping[str, dict[str, Any]]) -> float:
+    """The median time from a slot's finish to the start of a document that waited for it,
+    from task id -> publish time and task id -> the worker's report (``bench/giants.py`` too)."""
+    finishes = sorted(r["finished_at"] for r in results.values())
+    gaps = []
+    for tid, at in published.items():
+        started = results[tid]["started_at"]
+        i = bisect.bisect_right(finishes, started) - 1
+        if i >= 0 and finishes[i] > at:
+            gaps.append(started - finishes[i])
+    return statistics.median(gaps) if gaps else 0.0
+
+
+def replayed(measured: Measured, policy: str, workers: int) -> dict[str, dict[str, float]]:
+    """light p95, heavy p95 and makespan of the run's own trace and of the workload as defined."""
+    shape, start, published, results = measured
+    builder = TraceBuilder()
+    for tid, (group, at) in sorted(published.items(), key=lambda item: item[1][1]):
+        report = results[tid]
+        builder.add(report["client_id"], group, at - start, report["finished_at"] - report["started_at"])
+    gap = dispatch_gap({tid: at for tid, (_, at) in published.items()}, results)
+    out = {}
+    for kind, trace, overhead in (("recorded", builder.build(), gap), ("defined", shape.trace(), 0.0)):
+        out[kind] = simulated(trace, policy, workers, overhead)
+    out["gap"] = {"ms": gap * 1000}
+    return out
+
+
+def simulated(trace: Trace, policy: str, workers: int, overhead: float) -> dict[str, float]:
+    schedule = run(trace, build(policy, RouterConfig()), workers, overhead)
+    waits: dict[str, list[float]] = {"light": [], "heavy": []}
+    for doc, c in enumerate(trace.client):
+        waits[trace.groups[c]].append(schedule.started[doc] - schedule.published[doc])
+    # Both clocks start just before the first publish, as the real run's does.
+    makespan = max(schedule.finished) - min(0.0, *schedule.published)
+    return {"light_p95": p95(waits["light"]), "heavy_p95": p95(waits["heavy"]), "makespan": makespan}
+
+
+def print_simulated(rows: dict[str, list[dict[str, Any]]]) -> None:
+    print(
+        "\n| run / policy | metric | real | sim: the run's trace | ratio "
+        "| sim: the workload as defined | ratio |"
     )
-    parser.add_argument("--broker", help="broker URL (default: the Redis below, db 14)")
-    parser.add_argument("--redis", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379"))
-    parser.add_argument("--heavy", type=int, default=160)
-    parser.add_argument("--light-clients", type=int, default=12)
-    parser.add_argument("--light-docs", type=int, default=2)
-    parser.add_argument("--light-start", type=float, default=0.05, help="seconds after the burst")
-    parser.add_argument("--light-spread", type=float, default=1.0, help="seconds the light docs span")
-    parser.add_argument("--threads", type=int, default=4, help="worker concurrency")
-    parser.add_argument("--pool", default="threads", help="worker pool: threads or prefork")
-    parser.add_argument("--doc-ms", type=float, default=50, help="mean document length")
-    parser.add_argument(
-        "--jitter",
-        type=float,
-        default=0.5,
-        help="lengths are uniform in doc-ms*(1 +/- jitter); 0 makes every document equal",
-    )
-    parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument(
-        "--repeat", type=int, default=1, help="run plain and router this many times, alternating"
-    )
-    parser.add_argument("--json", action="store_true")
-    return parser
+    print("|---|---|---|---|---|---|---|")
+    ratios: dict[str, list[float]] = {"recorded": [], "defined": []}
+    for config, runs in rows.items():
+        for metric in ("light_p95", "heavy_p95", "makespan"):
+            real = [r[metric] for r in runs]
+            cells = [
+                f"| {config} (gap {statistics.median(r['sim']['gap']['ms'] for r in runs):.1f} ms) | {metric}"
+            ]
+            cells.append(f"{statistics.median(real):.3f} s")
+            for kind in ("recorded", "defined"):
+                each = [r["sim"][kind][metric] / r[metric] for r in runs]
+                ratios[kind] += each
+                cells.append(
+                    f"{statistics.median(r['sim'][kind][metric] for r in runs):.3f} s | {spread(each)}"
+                )
+            print(" | ".join(cells) + " |")
+    for kind, values in ratios.items():
+        worst = max(values, key=lambda r: abs(r - 1))
+        within = sum(1 for r in values if abs(r - 1) <= 0.2)
+        print(f"sim ({kind}) / real, each run: furthest {worst:.2f}; {within} of {len(values)} within 20%")
 
 
 def main() -> None:
-    args = arguments().parse_args()
-
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--workload", choices=WORKLOADS, default="noisy")
+    parser.add_argument("--configs", help="comma-separated, of " + ", ".join(CONFIGS))
+    parser.add_argument("--broker", help="broker URL (default: the Redis below, db 14)")
+    parser.add_argument("--redis", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379"))
+    parser.add_argument("--pool", default="threads", help="worker pool: threads or prefork")
+    parser.add_argument("--threads", type=int, help="worker concurrency")
+    parser.add_argument("--max-wait", type=float, help="seconds, for the +max_wait configs")
+    parser.add_argument("--heavy", type=int, nargs="+", help="heavy clients' documents")
+    parser.add_argument("--heavy-gap", type=float, default=0.5, help="seconds between heavy dumps")
+    parser.add_argument("--light-clients", type=int)
+    parser.add_argument("--light-docs", type=int, default=2)
+    parser.add_argument("--light-spread", type=float, help="seconds the light documents span")
+    parser.add_argument("--rate", type=float, default=50, help="starvation: light documents per second")
+    parser.add_argument("--stream", type=float, default=15, help="starvation: seconds the stream lasts")
+    parser.add_argument("--steady", type=int, default=30)
+    parser.add_argument("--burst", type=int, default=150)
+    parser.add_argument("--burst-after", type=int, default=5)
+    parser.add_argument("--doc-ms", type=float, default=50, help="mean document length")
+    parser.add_argument("--jitter", type=float, default=0.5, help="lengths uniform in doc-ms*(1 +/- jitter)")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="run every configuration this many times, in turn"
+    )
+    parser.add_argument("--simulate", action="store_true", help="noisy: replay each run in the simulator")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    workloads, defaults = WORKLOADS[args.workload]
+    for name, value in {**DEFAULTS, **defaults}.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    if not configs or set(configs) - set(CONFIGS):
+        parser.error(f"--configs: choose from {', '.join(CONFIGS)}")
+    if args.simulate and (args.workload != "noisy" or (args.broker and not args.broker.startswith("redis"))):
+        parser.error("--simulate replays the noisy workload on the Redis transport the simulator models")
     redis_url, stop_redis = redis_or_embedded(args.redis.rstrip("/"))
+    began = time.monotonic()
+    rows: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     try:
-        pairs = [
-            (run("plain", args, redis_url), run("router", args, redis_url))
-            for _ in range(max(1, args.repeat))
-        ]
+        for _ in range(max(1, args.repeat)):
+            for workload in workloads:
+                for config in configs:
+                    measured = measure(workload, config, args, redis_url)
+                    row = {"workload": workload, "config": config, **metrics(measured)}
+                    if args.simulate:
+                        row["sim"] = replayed(measured, "fifo" if config == "fifo" else "seed", args.threads)
+                    rows[workload, config].append(row)
     finally:
         stop_redis()
-
     if args.json:
-        print(json.dumps([row for pair in pairs for row in pair], indent=2))
+        print(json.dumps([r for runs in rows.values() for r in runs], indent=2))
         return
     broker = (args.broker or redis_url).split("://")[0]
     print(
-        f"broker={broker} pool={args.pool} heavy={args.heavy} "
-        f"light={args.light_clients}x{args.light_docs} threads={args.threads} "
-        f"doc={args.doc_ms:.0f} ms +/- {args.jitter:.0%}"
+        f"broker={broker} pool={args.pool} threads={args.threads} doc={args.doc_ms:.0f} ms "
+        f"+/- {args.jitter:.0%} max_wait={args.max_wait:g} s; medians of {max(1, args.repeat)} "
+        f"(range); {time.monotonic() - began:.0f} s"
     )
-    print("| run | light p50 | light p95 | heavy p50 | heavy p95 | makespan | processed |")
-    print("|---|---|---|---|---|---|---|")
-    for pair in pairs:
-        for r in pair:
+    for workload in workloads:
+        print(f"\n{workload}\n")
+        heavies = list(rows[workload, configs[0]][0]["heavy_max"])[:3]
+        print(
+            "| config | light p50 ms | light p95 ms | light max ms | "
+            + "".join(f"{c} longest s | " for c in heavies)
+            + "makespan s | Jain | processed |"
+        )
+        print("|---|---|---|---|" + "---|" * len(heavies) + "---|---|---|")
+        for config in configs:
+            runs = rows[workload, config]
+            heavy = "".join(f"{spread([r['heavy_max'][c] for r in runs])} | " for c in heavies)
+            done = f"{sum(r['processed'] for r in runs)}/{sum(r['published'] for r in runs)}"
             print(
-                f"| {r['mode']} | {r['light_p50'] * 1000:.0f} ms | {r['light_p95'] * 1000:.0f} ms | "
-                f"{r['heavy_p50']:.2f} s | {r['heavy_p95']:.2f} s | {r['makespan']:.2f} s | "
-                f"{r['processed']}/{r['published']} |"
+                f"| {config} | {spread([r['light_p50'] for r in runs], 1000, '.0f')} | "
+                f"{spread([r['light_p95'] for r in runs], 1000, '.0f')} | "
+                f"{spread([r['light_max'] for r in runs], 1000, '.0f')} | {heavy}"
+                f"{spread([r['makespan'] for r in runs])} | "
+                f"{spread([r['jain'] for r in runs], 1, '.3f')} | {done} |"
             )
-    speedups = [plain["light_p95"] / routed["light_p95"] for plain, routed in pairs]
-    p95s = [routed["light_p95"] * 1000 for _, routed in pairs]
-    spans = [routed["makespan"] / plain["makespan"] for plain, routed in pairs]
-    print(
-        f"router light p95: median {statistics.median(p95s):.0f} ms "
-        f"(range {min(p95s):.0f}-{max(p95s):.0f}); "
-        f"speed-up vs plain: median {statistics.median(speedups):.0f}x "
-        f"(range {min(speedups):.0f}-{max(speedups):.0f}x); "
-        f"makespan router/plain: median {statistics.median(spans):.3f}"
-    )
+        base = rows[workload, configs[0]]
+        for config in configs[1:]:  # round by round, against the first configuration
+            runs = rows[workload, config]
+            p95s = [b["light_p95"] / r["light_p95"] for b, r in zip(base, runs, strict=True)]
+            p50s = [r["light_p50"] / b["light_p50"] for b, r in zip(base, runs, strict=True)]
+            spans = [r["makespan"] / b["makespan"] for b, r in zip(base, runs, strict=True)]
+            print(
+                f"{config} against {configs[0]}: light p95 {spread(p95s, 1, '.1f')}x shorter, "
+                f"light p50 {spread(p50s)}x, makespan {spread(spans, 1, '.3f')}x"
+            )
+    if args.simulate:
+        print_simulated({config: rows["noisy", config] for config in configs})
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
 
-from bench.simulate_fidelity import dispatch_gap  # noqa: E402
+from bench.fairness import dispatch_gap  # noqa: E402
 from priority_router.config import RouterConfig  # noqa: E402
 from priority_router.simulation import TraceBuilder, build, p95, run  # noqa: E402
 from priority_router.thresholds import WIDE_THRESHOLDS  # noqa: E402
