@@ -17,7 +17,7 @@ first publish to the last finish.  Per client group: p50, p95 and longest wait, 
 over ``--repeat``, then the ratios of those medians.
 
 Beside each real figure, the simulator's (``priority_router.simulation``) for the same
-documents: each run replayed as ``bench/simulate_fidelity.py`` replays one (the publish
+documents: each run replayed as ``bench/fairness.py --simulate`` replays one (the publish
 times the publisher recorded, the slot times the worker reported, the run's median dispatch
 gap as the overhead) on ``--threads`` slots, plain as ``fifo``, default and wide as ``seed``
 with that table.  The simulator models the Redis transport; RabbitMQ serves priorities in

@@ -16,15 +16,20 @@ modes run in turn, ``--repeat`` rounds, in the reverse order every other round:
 - not run unless asked, to split the gap: ``floor-steps`` (``floor`` plus those two Redis
   transport options), ``prefetch1-early`` (multiplier 1, early acks), ``prefetch4-late``
   (multiplier 4, late acks), ``dp-early`` (multiplier 1, early acks and Celery's
-  ``worker_disable_prefetch``, Redis only), ``floor-dp`` (with
-  ``worker_disable_prefetch``), ``router-kN`` (the router's window N documents wider,
-  ``bench/short_app.py``), and the router with settings of the user's, in this order:
-  ``-pN`` (``worker_prefetch_multiplier=N``), ``-dp`` (Celery 5.6's
-  ``worker_disable_prefetch``), ``-eN`` (``worker_eta_task_limit=N``), ``-cN`` (N documents
-  of another client with a countdown of ``--countdown-s`` seconds, published before
-  everything else: a worker holds them, unacknowledged, until they come due; they are not
-  waited for nor counted): ``router-dp``, ``router-p4``, ``router-p4-dp``, ``router-c10``,
-  ``router-e10-c10``.
+  ``worker_disable_prefetch``, Redis only), ``floor-dp`` (with ``worker_disable_prefetch``),
+  and the router with settings of the user's, in this order: ``-pN``
+  (``worker_prefetch_multiplier=N``), ``-mM`` (kombu's ``max_connections=M``: with
+  ``router-p1-m10``, the values a green pool on Redis must not have, which the router keeps
+  as the user's own, with a warning), ``-kN`` (the router's window N documents wider,
+  ``bench/short_app.py``), ``-dp`` (Celery 5.6's ``worker_disable_prefetch``), ``-eN``
+  (``worker_eta_task_limit=N``), ``-cN`` (N documents of another client with a countdown of
+  ``--countdown-s`` seconds, published before everything else: a worker holds them,
+  unacknowledged, until they come due; they are not waited for nor counted):
+  ``router-dp``, ``router-p4``, ``router-p4-dp``, ``router-c10``, ``router-e10-c10``.
+
+``--pools`` takes ``POOL`` or ``POOL:N`` (N slots; default 4, solo 1); the worker pools'
+benchmark is ``--pools gevent:20,eventlet:20,threads:8,prefork:2 --heavy 100 --doc-ms 50
+--modes plain,router`` (add ``router-p1-m10`` for a green pool without its settings).
 
 The task keeps Celery's early acks, as most projects' tasks do, except in the modes named
 late, where it is ``workers.hold_document``.  ``--profile DIR`` samples each worker and its
@@ -70,7 +75,6 @@ from workers.local_redis import (  # noqa: E402
 from workers.services import Worker  # noqa: E402
 from workers.workload import p95  # noqa: E402
 
-CONCURRENCY = {"prefork": 4, "threads": 4, "solo": 1}
 PRIORITY_STEPS = {"priority_steps": list(range(10)), "queue_order_strategy": "priority"}
 
 
@@ -90,28 +94,22 @@ def mode_settings(mode: str) -> tuple[bool, str, list[str], dict[str, Any], dict
         return False, "workers.sleep_document", ["--prefetch-multiplier", "1"], settings, {}
     if mode == "prefetch4-late":
         return False, "workers.hold_document", [], {}, {}
-    if mode == "router":
-        return True, "workers.sleep_document", [], {}, {}
-    if mode.startswith("router-k") and mode[8:].isdigit():
-        return True, "workers.sleep_document", [], {}, {"WINDOW_EXTRA": mode[8:]}
-    matched = _ROUTER_MODE.fullmatch(mode)
-    if matched is None:
+    found = _ROUTER_MODE.fullmatch(mode)
+    if found is None:
         raise SystemExit(f"unknown mode {mode!r}")
-    multiplier, disable, limit, countdown = matched.groups()
-    settings: dict[str, Any] = {}
-    options: dict[str, Any] = {"COUNTDOWN": int(countdown)} if countdown else {}
-    if multiplier:
-        settings["worker_prefetch_multiplier"] = int(multiplier)
-    if disable:
-        settings["worker_disable_prefetch"] = True
-    if limit:
-        settings["worker_eta_task_limit"] = int(limit)
+    prefetch, connections, extra, no_prefetch, limit, countdown = found.groups()
+    settings: dict[str, Any] = {"worker_prefetch_multiplier": int(prefetch)} if prefetch else {}
+    settings |= {"worker_disable_prefetch": True} if no_prefetch else {}
+    settings |= {"worker_eta_task_limit": int(limit)} if limit else {}
+    options: dict[str, Any] = {"max_connections": int(connections)} if connections else {}
+    options |= {"WINDOW_EXTRA": extra} if extra else {}
+    options |= {"COUNTDOWN": int(countdown)} if countdown else {}
     return True, "workers.sleep_document", [], settings, options
 
 
-#: ``router``, with the user's ``-pN`` multiplier, ``-dp`` disable prefetch, ``-eN`` eta
-#: limit, and ``-cN`` countdown documents.
-_ROUTER_MODE = re.compile(r"router(?:-p(\d+))?(-dp)?(?:-e(\d+))?(?:-c(\d+))?")
+#: ``router``, with the user's ``-pN`` multiplier, ``-mM`` max_connections, ``-kN`` wider
+#: window, ``-dp`` disable prefetch, ``-eN`` eta limit and ``-cN`` countdown documents.
+_ROUTER_MODE = re.compile(r"router(?:-p(\d+))?(?:-m(\d+))?(?:-k(\d+))?(-dp)?(?:-e(\d+))?(?:-c(\d+))?")
 
 
 #: Plain Celery's defaults where the example app differs: no events, no results kept.  A
@@ -168,7 +166,8 @@ def run(mode: str, pool: str, args: argparse.Namespace, dbs: RedisDatabases) -> 
         published[r.id] = ("heavy", time.time())
     if args.light_after is None:
         publish_light()
-    count = str(CONCURRENCY[pool] if args.concurrency is None else args.concurrency)
+    pool, _, count = pool.partition(":")
+    count = count or str(args.concurrency or (1 if pool == "solo" else 4))
     worker = Worker(env, "--pool", pool, "--concurrency", count, *worker_args, app="bench.short_app")
     profiler = None
     try:
@@ -203,6 +202,7 @@ def run(mode: str, pool: str, args: argparse.Namespace, dbs: RedisDatabases) -> 
     light = [runs[t][0][0] - max(at, first) for t, (group, at) in published.items() if group == "light"]
     got = {
         "docs_s": len(published) / (done - first),
+        "drain": done - first,
         "light_p95": p95(light),
         "twice": sum(1 for t in published if len(runs[t]) > 1),
         "critical": log.count("CRITICAL"),
@@ -216,15 +216,16 @@ def run(mode: str, pool: str, args: argparse.Namespace, dbs: RedisDatabases) -> 
     return got
 
 
-def report(pool: str, concurrency: str, modes: list[str], got: dict[str, list[dict[str, float]]]) -> None:
+def report(pool: str, modes: list[str], got: dict[str, list[dict[str, float]]]) -> None:
     plain = got["plain"]
     for mode in modes:
         rows = got[mode]
         ratios = [r["docs_s"] / (p["docs_s"] or float("nan")) for r, p in zip(rows, plain, strict=True)]
         cells = [
-            f"{pool} -c {concurrency}",
+            pool,
             mode,
             f"{statistics.median(r['docs_s'] for r in rows):.0f}",
+            f"{statistics.median(r['drain'] for r in rows):.2f} s",
             f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})",
             f"{statistics.median(r['light_p95'] for r in rows) * 1000:.0f} ms",
             "/".join(f"{int(r['twice'])}+{int(r['critical'])}" for r in rows),
@@ -237,7 +238,9 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--pools", default="prefork,threads,solo")
-    parser.add_argument("--concurrency", type=int, default=None, help="default: 4, solo 1")
+    parser.add_argument(
+        "--concurrency", type=int, default=None, help="slots of a POOL without :N (4, solo 1)"
+    )
     parser.add_argument("--modes", default="plain,floor,router")
     parser.add_argument("--broker", default=None, help="broker URL (default: the bench Redis)")
     parser.add_argument("--heavy", type=int, default=400)
@@ -261,8 +264,8 @@ def main() -> None:
     dbs = RedisDatabases.from_url(args.redis).on(redis_url)
     try:
         print(f"code {code_version()}; broker {args.broker or dbs.broker}; {args.doc_ms:g} ms documents")
-        print("| pool | mode | documents/s | vs plain (range) | light p95 | run twice + CRITICAL |")
-        print("|---|---|---|---|---|---|")
+        print("| pool | mode | documents/s | drain | vs plain (range) | light p95 | run twice + CRITICAL |")
+        print("|---|---|---|---|---|---|---|")
         for pool in args.pools.split(","):
             got: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
             for round_ in range(args.repeat):
@@ -272,10 +275,15 @@ def main() -> None:
                     except Exception as exc:  # a collapsed run is a result too
                         print(f"  {pool} {mode}: {type(exc).__name__}: {exc}", file=sys.stderr)
                         got[mode].append(
-                            {"docs_s": 0.0, "light_p95": float("inf"), "twice": -1, "critical": -1}
+                            {
+                                "docs_s": 0.0,
+                                "drain": 0.0,
+                                "light_p95": float("inf"),
+                                "twice": -1,
+                                "critical": -1,
+                            }
                         )
-            concurrency = str(CONCURRENCY[pool] if args.concurrency is None else args.concurrency)
-            report(pool, concurrency, modes, got)
+            report(pool, modes, got)
     finally:
         stop_redis()
 

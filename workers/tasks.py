@@ -37,5 +37,5 @@ def hold_document(self: Task, client_id: str, document_id: str, seconds: float =
 @shared_task(bind=True, name="workers.sleep_document")
 def sleep_document(self: Task, client_id: str, document_id: str, seconds: float = 0.05) -> dict[str, Any]:
     """``hold_document`` with Celery's own default acks (early), as most projects' tasks
-    have them: plain Celery's baseline in ``bench/pools.py``; the router makes them late."""
+    have them: plain Celery's baseline in ``bench/short_documents.py``; the router makes them late."""
     return hold(self, client_id, document_id, seconds)

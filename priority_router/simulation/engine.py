@@ -11,7 +11,7 @@ The model (docs/simulate.md says why each part is what matters for fidelity):
   acknowledging and handing a document to a slot take ``overhead`` seconds, during
   which the slot is taken and the document not yet started (0 by default; a real
   worker spends more with the router's prefetch of 1 than with plain Celery's, as
-  ``bench/simulate_fidelity.py`` measures: docs/simulate.md).
+  ``bench/fairness.py --simulate`` measures: docs/simulate.md).
 - Events at one instant happen in this order: the max_wait sweep, then documents
   finishing (the freed slot takes its next document at once), then publishes, in trace
   order.

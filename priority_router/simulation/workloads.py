@@ -1,7 +1,7 @@
 """The built-in workloads: the same definitions the real benchmarks publish and the simulator replays.
 
 ``workers/workload.py`` publishes these documents to real Celery workers (the demo,
-``bench/fairness.py``, ``bench/fairness_modes.py``, ``bench/starvation.py``,
+``bench/fairness.py``, ``bench/fairness.py --workload modes``, ``bench/fairness.py --workload starvation``,
 ``bench/giants.py``); each workload's :meth:`trace` is the same documents for the
 simulator.  Document lengths are seeded, so two runs of one workload (real or simulated)
 send the same documents.
@@ -304,7 +304,7 @@ class Workload(Protocol):
 
 
 #: ``--workload`` name -> the workload with a given seed: the real benchmarks' defaults
-#: (``bench/fairness.py`` for the noisy neighbour, ``bench/fairness_modes.py`` for steady-burst
+#: (``bench/fairness.py`` for the noisy neighbour, ``bench/fairness.py --workload modes`` for steady-burst
 #: and heavy-mix); mixed-sizes is the simulator's own, for counting by cost,
 #: slow-neighbour, for capping a client's documents in flight, and the giants (documents
 #: of 1-3 s, for 8, 16 and 32 slots), for choosing ``thresholds="wide"`` (bench/wide_table.py).

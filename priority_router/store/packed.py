@@ -5,7 +5,7 @@ Sent through redis-py's ``pipeline(transaction=True)`` it costs the client more 
 ``PING``: most of that is the pipeline object, per-command packing and response
 callbacks, not the network.  Here the bytes are packed once per client and cached, then
 written on a connection from the client's own pool and the four replies read back, which
-costs the client less than a ``PING`` (``bench/check_cost.py``; docs/performance.md).
+costs the client less than a ``PING`` (``bench/publish.py check``; docs/performance.md).
 The server runs exactly the same transaction, so its capacity is unchanged
 (``bench/counter_throughput.py``), it stays atomic, and a key never exists without its
 expiry.
@@ -93,7 +93,7 @@ class SlotMaster:
 
     redis-py's cluster pipeline sends the same one write to the same master, but builds a
     pipeline, packs each command and runs its callbacks: about three times the client CPU
-    of the packed check (``bench/cluster_check.py``).  The slot map is redis-py's own, and
+    of the packed check (``bench/publish.py cluster-check``).  The slot map is redis-py's own, and
     it is kept up to date as redis-py's cluster client keeps it:
 
     - ``MOVED`` (the slot was resharded, or failed over and seen from the promoted
