@@ -81,7 +81,7 @@ celery-suite: $(STAMP)
 	done
 
 bench: $(STAMP)
-	$(BIN)/python bench/counter_throughput.py
+	$(BIN)/python bench/store.py throughput
 	$(BIN)/python bench/fairness.py
 
 clean:

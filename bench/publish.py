@@ -572,7 +572,7 @@ def check(args: argparse.Namespace) -> None:
     atomic check sent as the router packs it (``packed``; ``packed+tier`` reads the client's
     tier too), through redis-py's ``pipeline()`` and as a Lua ``EVALSHA``, in interleaved
     rounds in one process, each round divided by a ``PING`` timed in the same round.  The
-    server's side of the same choices: ``bench/counter_throughput.py``."""
+    server's side of the same choices: ``bench/store.py throughput``."""
     url, stop_redis = redis_or_embedded(args.redis)
     client = redis.Redis.from_url(f"{url}/12", socket_timeout=1, retry=None)
     ids = [f"c{i}" for i in range(args.clients)]

@@ -10,7 +10,7 @@ bounded by active clients.
 A check is ``MULTI; INCR key; PEXPIRE key ms; EXEC``: atomic, so concurrent
 publishers on many hosts lose no update, and no key is ever left without expiry.
 Two native commands in a transaction serve more checks per second than the
-equivalent Lua script (``bench/counter_throughput.py``; docs/performance.md); on the
+equivalent Lua script (``bench/store.py throughput``; docs/performance.md); on the
 client the transaction is sent pre-packed (``packed.py``), one round trip.  A batch of ``n``
 documents is one check with ``INCRBY key n``.  Once tiers are in use, the same
 transaction also reads the client's tier (``GET``; its key shares the client's hash tag).

@@ -22,7 +22,7 @@ checked at 0, as in the seed mode), and ``pending = 0`` when the list is gone.
   they were published (at one priority a queue is first in, first out), so the entry is
   among the first looked at; newer documents that finish before a deep backlog of older
   ones pay for the backlog, and an end that finds nothing reads the whole list
-  (``bench/inflight_end.py``).
+  (``bench/store.py end``).
 - Once tiers are in use, the publish's script also reads the client's tier (its key
   shares the client's hash tag, as the order key does).
 - The TTL stays the idle reset, as a safety net for ends lost to crashes: every publish

@@ -7,7 +7,7 @@ callbacks, not the network.  Here the bytes are packed once per client and cache
 written on a connection from the client's own pool and the four replies read back, which
 costs the client less than a ``PING`` (``bench/publish.py check``; docs/performance.md).
 The server runs exactly the same transaction, so its capacity is unchanged
-(``bench/counter_throughput.py``), it stays atomic, and a key never exists without its
+(``bench/store.py throughput``), it stays atomic, and a key never exists without its
 expiry.
 
 A plain ``redis.Redis`` (direct, Unix socket, TLS or Sentinel-managed) and Redis Cluster
