@@ -5,6 +5,7 @@ configuration against plain Celery (or the strict router) in the same run, in tu
     python bench/fairness.py --simulate [--repeat 3]   # ... and the simulator replaying each run
     python bench/fairness.py --workload starvation [--repeat 2]   # the strict router vs max_wait=3
     python bench/fairness.py --workload modes [--repeat 3]        # the counting modes, two workloads
+    python bench/fairness.py --workload giants [--repeat 3]       # giants: the scheme's table and wide
 
 Workloads (``workers/workload.py``, the simulator's ``--workload`` definitions):
 
@@ -19,14 +20,20 @@ Workloads (``workers/workload.py``, the simulator's ``--workload`` definitions):
 - ``heavy-mix``: clients dump ``--heavy`` (120 60 30) documents ``--heavy-gap`` s (0.5) apart;
   8 light clients send 2 each over 2.5 s;
 - ``modes``: both of the last two, under fifo, seed, seed+max_wait, inflight and
-  inflight+max_wait (``--max-wait`` 1).
+  inflight+max_wait (``--max-wait`` 1);
+- ``giants`` (the simulator's ``several-giants`` scaled to one worker): giants dump
+  ``--heavy`` (600 400) documents ``--heavy-gap`` s (0.25) apart; medium clients dump
+  ``--medium`` (60 50 40 30 25) from 0.1 s, ``--medium-gap`` s (1) apart; 20 light clients
+  send 3 each over 30 s; documents of 50-150 ms (``--doc-ms 100``); fifo, seed (the scheme's
+  table) and wide (``PRIORITY_ROUTER_THRESHOLDS=wide``), each replayed in the simulator, and
+  waits by group (light: at most 20 documents; medium: at most a tenth of the largest giant).
 
 A real worker (``--pool``, ``--threads``) runs documents holding a slot ``--doc-ms`` (50) on
 average, ``--jitter`` (0.5) spreading them evenly around it, the same seeded lengths in every
 run.  A wait runs from the publisher's ``send_task`` returning to the worker starting the
 document.  Jain is over the clients' slowdowns, mean(wait + service) / mean(service).
 
-``--simulate`` (``noisy``, Redis broker) replays each run in the simulator twice: the run's
+``--simulate`` (``noisy``; always on for ``giants``) replays each run in the simulator twice: the run's
 own trace (publish times as recorded, slot times as the worker reported, the run's median
 dispatch gap as the overhead) and the workload as defined (``simulate --workload``).
 """
@@ -51,10 +58,12 @@ sys.path[:0] = [str(ROOT)]
 
 from priority_router.config import RouterConfig  # noqa: E402
 from priority_router.simulation import Trace, TraceBuilder, build, run  # noqa: E402
+from priority_router.thresholds import WIDE_THRESHOLDS  # noqa: E402
 from workers.app import create_app  # noqa: E402
 from workers.local_redis import RedisDatabases, redis_or_embedded  # noqa: E402
 from workers.services import running_worker  # noqa: E402
 from workers.workload import (  # noqa: E402
+    Giants,
     HeavyMix,
     NoisyNeighbour,
     SteadyBurst,
@@ -66,13 +75,14 @@ from workers.workload import (  # noqa: E402
     slowdown,
 )
 
-#: name -> (router on, mode, uses max_wait)
+#: name -> (router on, mode, uses max_wait, threshold table)
 CONFIGS = {
-    "fifo": (False, "seed", False),
-    "seed": (True, "seed", False),
-    "seed+max_wait": (True, "seed", True),
-    "inflight": (True, "inflight", False),
-    "inflight+max_wait": (True, "inflight", True),
+    "fifo": (False, "seed", False, "default"),
+    "seed": (True, "seed", False, "default"),
+    "seed+max_wait": (True, "seed", True, "default"),
+    "inflight": (True, "inflight", False, "default"),
+    "inflight+max_wait": (True, "inflight", True, "default"),
+    "wide": (True, "seed", False, "wide"),
 }
 #: --workload -> (the workloads it runs, its default configurations and options).
 WORKLOADS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
@@ -84,9 +94,21 @@ WORKLOADS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
     "steady+burst": (("steady+burst",), {}),
     "heavy-mix": (("heavy-mix",), {}),
     "modes": (("steady+burst", "heavy-mix"), {}),
+    "giants": (
+        ("giants",),
+        {"configs": "fifo,seed,wide", "heavy": [600, 400], "heavy_gap": 0.25, "doc_ms": 100},
+    ),
 }
-DEFAULTS = {"configs": ",".join(CONFIGS), "heavy": [120, 60, 30], "light_clients": 8, "light_spread": 2.5}
-DEFAULTS |= {"threads": 4, "max_wait": 1.0}
+WORKLOADS["giants"][1].update(light_clients=20, light_docs=3, light_spread=30.0, simulate=True)
+DEFAULTS = {"configs": ",".join(list(CONFIGS)[:5]), "heavy": [120, 60, 30], "light_clients": 8}
+DEFAULTS |= {
+    "light_spread": 2.5,
+    "threads": 4,
+    "max_wait": 1.0,
+    "heavy_gap": 0.5,
+    "light_docs": 2,
+    "doc_ms": 50,
+}
 
 #: One run: the workload, the clock before the first publish, task id -> (group, publish
 #: time), and task id -> the worker's report (``client_id``, ``started_at``, ``finished_at``).
@@ -94,7 +116,7 @@ Measured = tuple[Any, float, dict[str, tuple[str, float]], dict[str, dict[str, A
 
 
 def measure(workload: str, config: str, args: argparse.Namespace, redis_url: str) -> Measured:
-    router, mode, bounded = CONFIGS[config]
+    router, mode, bounded, thresholds = CONFIGS[config]
     dbs = RedisDatabases.from_url(redis_url)
     env = {
         "BROKER_URL": args.broker or dbs.broker,
@@ -104,6 +126,7 @@ def measure(workload: str, config: str, args: argparse.Namespace, redis_url: str
         "PRIORITY_ROUTER_REDIS_URL": dbs.counter,
         "PRIORITY_ROUTER_KEY_PREFIX": f"bench-{uuid.uuid4().hex[:6]}:",
         "PRIORITY_ROUTER_MODE": mode,
+        "PRIORITY_ROUTER_THRESHOLDS": thresholds,
         "PRIORITY_ROUTER_CONSUMER_CHECK_INTERVAL": "0",
         **({"PRIORITY_ROUTER_MAX_WAIT": repr(args.max_wait)} if bounded else {}),
     }
@@ -120,6 +143,21 @@ def measure(workload: str, config: str, args: argparse.Namespace, redis_url: str
             jitter=0.0 if workload == "starvation" else jitter,
             light_start=0.05,
             light_spread=args.stream if workload == "starvation" else args.light_spread,
+            seed=args.seed,
+        )
+    elif workload == "giants":
+        shape = Giants(
+            giants=tuple(args.heavy),
+            giant_gap=args.heavy_gap,
+            medium=tuple(args.medium),
+            medium_at=0.1,
+            medium_gap=args.medium_gap,
+            light_clients=args.light_clients,
+            light_docs=args.light_docs,
+            light_start=0.1,
+            light_spread=args.light_spread,
+            doc_min=seconds * (1 - jitter),
+            doc_max=seconds * (1 + jitter),
             seed=args.seed,
         )
     elif workload == "steady+burst":
@@ -153,7 +191,7 @@ def measure(workload: str, config: str, args: argparse.Namespace, redis_url: str
                 else publish_timed(app, shape.documents())
             )
             published = {tid: (doc.group, at) for tid, (doc, at) in sent.items()}
-        results = {tid: app.AsyncResult(tid).get(timeout=300) for tid in published}
+        results = {tid: app.AsyncResult(tid).get(timeout=600) for tid in published}
     app.close()
     return shape, start, published, results
 
@@ -161,6 +199,7 @@ def measure(workload: str, config: str, args: argparse.Namespace, redis_url: str
 def metrics(measured: Measured) -> dict[str, Any]:
     _, start, published, results = measured
     light: list[float] = []
+    groups: dict[str, list[float]] = defaultdict(list)
     waits: dict[str, list[float]] = defaultdict(list)
     services: dict[str, list[float]] = defaultdict(list)
     heavy: dict[str, float] = {}
@@ -168,6 +207,7 @@ def metrics(measured: Measured) -> dict[str, Any]:
         report = results[tid]
         wait, client = report["started_at"] - at, report["client_id"]
         waits[client].append(wait)
+        groups[group].append(wait)
         services[client].append(report["finished_at"] - report["started_at"])
         if group == "light":
             light.append(wait)
@@ -183,7 +223,20 @@ def metrics(measured: Measured) -> dict[str, Any]:
         "heavy_p95": p95([w for c in heavy for w in waits[c]]),
         "makespan": max(r["finished_at"] for r in results.values()) - start,
         "jain": jain([slowdown(waits[c], services[c]) for c in waits]),
+        "groups": by_group(groups, max(r["finished_at"] for r in results.values()) - start),
     }
+
+
+def by_group(waits: dict[str, list[float]], makespan: float) -> dict[str, float]:
+    """Each group's p50, p95 and longest wait, and the makespan: metric -> seconds."""
+    out = {"makespan": makespan}
+    for group, values in waits.items():
+        out |= {
+            f"{group} p50": statistics.median(values),
+            f"{group} p95": p95(values),
+            f"{group} max": max(values),
+        }
+    return out
 
 
 def spread(values: list[float], scale: float = 1, form: str = ".2f") -> str:
@@ -207,7 +260,7 @@ def dispatch_gap(published: Mapping[str, float], results: Mapping[str, dict[str,
     return statistics.median(gaps) if gaps else 0.0
 
 
-def replayed(measured: Measured, policy: str, workers: int) -> dict[str, dict[str, float]]:
+def replayed(measured: Measured, config: str, workers: int) -> dict[str, dict[str, float]]:
     """light p95, heavy p95 and makespan of the run's own trace and of the workload as defined."""
     shape, start, published, results = measured
     builder = TraceBuilder()
@@ -215,21 +268,31 @@ def replayed(measured: Measured, policy: str, workers: int) -> dict[str, dict[st
         report = results[tid]
         builder.add(report["client_id"], group, at - start, report["finished_at"] - report["started_at"])
     gap = dispatch_gap({tid: at for tid, (_, at) in published.items()}, results)
+    policy = "fifo" if config == "fifo" else "seed"
+    table = RouterConfig(thresholds=WIDE_THRESHOLDS) if CONFIGS[config][3] == "wide" else RouterConfig()
     out = {}
     for kind, trace, overhead in (("recorded", builder.build(), gap), ("defined", shape.trace(), 0.0)):
-        out[kind] = simulated(trace, policy, workers, overhead)
+        out[kind] = simulated(trace, policy, table, workers, overhead)
     out["gap"] = {"ms": gap * 1000}
     return out
 
 
-def simulated(trace: Trace, policy: str, workers: int, overhead: float) -> dict[str, float]:
-    schedule = run(trace, build(policy, RouterConfig()), workers, overhead)
-    waits: dict[str, list[float]] = {"light": [], "heavy": []}
+def simulated(
+    trace: Trace, policy: str, table: RouterConfig, workers: int, overhead: float
+) -> dict[str, Any]:
+    schedule = run(trace, build(policy, table), workers, overhead)
+    waits: dict[str, list[float]] = defaultdict(list)
     for doc, c in enumerate(trace.client):
         waits[trace.groups[c]].append(schedule.started[doc] - schedule.published[doc])
     # Both clocks start just before the first publish, as the real run's does.
     makespan = max(schedule.finished) - min(0.0, *schedule.published)
-    return {"light_p95": p95(waits["light"]), "heavy_p95": p95(waits["heavy"]), "makespan": makespan}
+    heavy = [w for g, ws in waits.items() if g != "light" for w in ws]
+    return {
+        "light_p95": p95(waits["light"]),
+        "heavy_p95": p95(heavy),
+        "makespan": makespan,
+        "groups": by_group(waits, makespan),
+    }
 
 
 def print_simulated(rows: dict[str, list[dict[str, Any]]]) -> None:
@@ -259,6 +322,27 @@ def print_simulated(rows: dict[str, list[dict[str, Any]]]) -> None:
         print(f"sim ({kind}) / real, each run: furthest {worst:.2f}; {within} of {len(values)} within 20%")
 
 
+def print_groups(configs: list[str], first: dict[str, float], rows: dict[str, list[dict[str, Any]]]) -> None:
+    """Each group's waits per configuration, the simulator's beside them (medians), and the
+    last configuration against the one before it."""
+    order = sorted(first, key=lambda m: ("light medium giant makespan".find(m.split()[0]), m))
+    med = {
+        (c, kind): {
+            m: statistics.median((r if kind == "real" else r["sim"]["recorded"])["groups"][m] for r in rs)
+            for m in order
+        }
+        for c, rs in rows.items()
+        for kind in ("real", "sim")
+    }
+    last, before = configs[-1], configs[-2]
+    print("\n| metric | " + " | ".join(f"{c} | sim" for c in configs) + f" | {last} / {before} | sim |")
+    print("|---|" + "---|---|" * (len(configs) + 1))
+    for m in order:
+        cells = [f"{med[c, k][m]:.3f}" for c in configs for k in ("real", "sim")]
+        cells += [f"{med[last, k][m] / med[before, k][m]:.2f}" for k in ("real", "sim")]
+        print(f"| {m} | " + " | ".join(cells) + " |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -271,22 +355,26 @@ def main() -> None:
     parser.add_argument("--threads", type=int, help="worker concurrency")
     parser.add_argument("--max-wait", type=float, help="seconds, for the +max_wait configs")
     parser.add_argument("--heavy", type=int, nargs="+", help="heavy clients' documents")
-    parser.add_argument("--heavy-gap", type=float, default=0.5, help="seconds between heavy dumps")
+    parser.add_argument("--heavy-gap", type=float, help="seconds between heavy dumps")
+    parser.add_argument("--medium", type=int, nargs="+", default=[60, 50, 40, 30, 25], help="giants: medium")
+    parser.add_argument("--medium-gap", type=float, default=1.0, help="giants: seconds between medium dumps")
     parser.add_argument("--light-clients", type=int)
-    parser.add_argument("--light-docs", type=int, default=2)
+    parser.add_argument("--light-docs", type=int)
     parser.add_argument("--light-spread", type=float, help="seconds the light documents span")
     parser.add_argument("--rate", type=float, default=50, help="starvation: light documents per second")
     parser.add_argument("--stream", type=float, default=15, help="starvation: seconds the stream lasts")
     parser.add_argument("--steady", type=int, default=30)
     parser.add_argument("--burst", type=int, default=150)
     parser.add_argument("--burst-after", type=int, default=5)
-    parser.add_argument("--doc-ms", type=float, default=50, help="mean document length")
+    parser.add_argument("--doc-ms", type=float, help="mean document length")
     parser.add_argument("--jitter", type=float, default=0.5, help="lengths uniform in doc-ms*(1 +/- jitter)")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument(
         "--repeat", type=int, default=1, help="run every configuration this many times, in turn"
     )
-    parser.add_argument("--simulate", action="store_true", help="noisy: replay each run in the simulator")
+    parser.add_argument(
+        "--simulate", action="store_true", default=None, help="replay each run in the simulator"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     workloads, defaults = WORKLOADS[args.workload]
@@ -296,8 +384,8 @@ def main() -> None:
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     if not configs or set(configs) - set(CONFIGS):
         parser.error(f"--configs: choose from {', '.join(CONFIGS)}")
-    if args.simulate and (args.workload != "noisy" or (args.broker and not args.broker.startswith("redis"))):
-        parser.error("--simulate replays the noisy workload on the Redis transport the simulator models")
+    if args.simulate and args.workload not in ("noisy", "giants"):
+        parser.error("--simulate replays the noisy or the giants workload")
     redis_url, stop_redis = redis_or_embedded(args.redis.rstrip("/"))
     began = time.monotonic()
     rows: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
@@ -308,7 +396,7 @@ def main() -> None:
                     measured = measure(workload, config, args, redis_url)
                     row = {"workload": workload, "config": config, **metrics(measured)}
                     if args.simulate:
-                        row["sim"] = replayed(measured, "fifo" if config == "fifo" else "seed", args.threads)
+                        row["sim"] = replayed(measured, config, args.threads)
                     rows[workload, config].append(row)
     finally:
         stop_redis()
@@ -351,7 +439,11 @@ def main() -> None:
                 f"{config} against {configs[0]}: light p95 {spread(p95s, 1, '.1f')}x shorter, "
                 f"light p50 {spread(p50s)}x, makespan {spread(spans, 1, '.3f')}x"
             )
-    if args.simulate:
+    if args.workload == "giants":
+        print_groups(
+            configs, rows["giants", configs[0]][0]["groups"], {c: rows["giants", c] for c in configs}
+        )
+    elif args.simulate:
         print_simulated({config: rows["noisy", config] for config in configs})
 
 

@@ -3,8 +3,9 @@
 Replays the built-in workloads, three traces with several heavy clients (the ``giant-and-medium``,
 ``several-giants`` and ``staggered-giants`` workloads: giants seconds apart, medium clients of
 20-500 documents, many light ones, documents of 1-3 s), docs/simulate.md's hour of traffic
-and ``bench/giants.py``'s real-worker workload on its 4 slots (documents of 50-150 ms, three
-seeds), counted by document and by seconds (``--cost duration``), in both counting modes.
+and the real-worker giants workload (``bench/fairness.py --workload giants``) on its 4
+slots (documents of 50-150 ms, three seeds), counted by document and by seconds
+(``--cost duration``), in both counting modes.
 Each table is scored against deficit round robin (``drr``) and the scheme's table on the
 same run (``simulation/tune.py``: 1.0 at the bounds).  A table's key is the cases it misses,
 then its worst score, then its mean score.  The search:
@@ -66,7 +67,7 @@ WORKLOAD_SLOTS = {
     "several-giants": 16,
     "staggered-giants": 32,
 }
-#: Seeds of bench/giants.py's workload replayed as cases.
+#: Seeds of the real-worker giants workload replayed as cases.
 REAL_WORKER_SEEDS = (7, 8, 9)
 #: Cases shown but left out of the choice, and why.
 LEFT_OUT = {
@@ -105,7 +106,7 @@ def hour_trace() -> Trace:
 
 
 def real_worker_giants(seed: int) -> Giants:
-    """bench/giants.py's workload: two giants, five medium clients, 20 light ones, 50-150 ms."""
+    """The real-worker giants workload: two giants, five medium clients, 20 light ones, 50-150 ms."""
     return Giants(
         giants=(600, 400),
         giant_gap=0.25,

@@ -53,7 +53,7 @@ def publish(
     return documents.publish(app, workload, wait, published, hold_task=HOLD, pages_task=PROCESS)
 
 
-# --- Timed workloads: counting modes (bench/fairness.py --workload modes), giants (bench/giants.py) ---------
+# --- Timed workloads: bench/fairness.py --workload modes and giants ------------------------------
 
 #: Task id -> (the document, the publisher's clock just after ``send_task`` returned).
 Sent = dict[str, tuple[Document, float]]

@@ -2,7 +2,7 @@
 
 ``workers/workload.py`` publishes these documents to real Celery workers (the demo,
 ``bench/fairness.py``, ``bench/fairness.py --workload modes``, ``bench/fairness.py --workload starvation``,
-``bench/giants.py``); each workload's :meth:`trace` is the same documents for the
+``bench/fairness.py --workload giants``); each workload's :meth:`trace` is the same documents for the
 simulator.  Document lengths are seeded, so two runs of one workload (real or simulated)
 send the same documents.
 :class:`MixedSizes` and :class:`SlowNeighbour` are the simulator's only: no benchmark
