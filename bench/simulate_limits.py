@@ -1,18 +1,15 @@
 """Per-client caps in the simulator: one client's long documents next to light clients.
 
-Two traces, on ``--workers`` slots (4):
+The ``backlog`` trace, on ``--workers`` slots (4): one client (``heavy``) dumps ``--heavy``
+documents of 20-40 s at t=0 and ten light clients (``light00``...) each send a document of
+1-3 s every 60 s, 6 s apart, for ``--minutes`` minutes.  (The built-in ``slow-neighbour``
+workload needs no script: ``priority-router simulate --workload slow-neighbour --policies
+fifo,seed,inflight,drr --tier heavy=max_in_flight=3 --json``.)
 
-- ``backlog``: one client (``heavy``) dumps ``--heavy`` documents of 20-40 s at t=0 and
-  ten light clients (``light00``...) each send a document of 1-3 s every 60 s, 6 s apart,
-  for ``--minutes`` minutes;
-- ``slow-neighbour``: the built-in workload (``SlowNeighbour``): the heavy client sends 12
-  documents of 50-70 s, one every 2 s, while 8 light clients send 40 documents of 1-3 s
-  in all over 4 minutes.
-
-Each is run under fifo, seed, inflight and drr without limits, with the heavy client at
+It is run under fifo, seed, inflight and drr without limits, with the heavy client at
 ``max_in_flight=3`` and at ``max_in_flight=3,borrow``; the table shows the light clients'
 worst p95 and longest wait, the heavy client's longest wait and the makespan.
-``--write DIR`` also writes both traces as CSV files, for ``priority-router simulate``:
+``--write DIR`` also writes the trace as a CSV file, for ``priority-router simulate``:
 
     python bench/simulate_limits.py
     python bench/simulate_limits.py --write /tmp/limits
@@ -30,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from priority_router.config import RouterConfig  # noqa: E402
-from priority_router.simulation import SlowNeighbour, Tiers, Trace, TraceBuilder, compare  # noqa: E402
+from priority_router.simulation import Tiers, Trace, TraceBuilder, compare  # noqa: E402
 from priority_router.simulation.tiers import parse_tier  # noqa: E402
 
 POLICIES = ("fifo", "seed", "inflight", "drr")
@@ -84,7 +81,7 @@ def main() -> None:
     parser.add_argument("--minutes", type=int, default=15, help="minutes the light clients send")
     parser.add_argument("--write", type=Path, metavar="DIR", help="also write the traces as CSV here")
     args = parser.parse_args()
-    traces = {"backlog": backlog(args.heavy, args.minutes), "slow-neighbour": SlowNeighbour().trace()}
+    traces = {"backlog": backlog(args.heavy, args.minutes)}
     if args.write is not None:
         args.write.mkdir(parents=True, exist_ok=True)
         for name, trace in traces.items():
