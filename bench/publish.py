@@ -422,7 +422,7 @@ def batch_child(args: argparse.Namespace) -> dict[str, Any]:
                 app.send_task(TASK, ("acme", f"d{n}", 0), headers=headers)
         else:
             batch = group(app.signature(TASK, ("acme", f"d{n}", 0)) for n in range(args.documents))
-            with router.batch("acme", args.documents) if router else contextlib.nullcontext():
+            with contextlib.nullcontext() if router is None else router.batch("acme", args.documents):
                 batch.apply_async(headers=headers)
         elapsed = time.perf_counter() - started
         pending = router.peek("acme").pending if router is not None else None
