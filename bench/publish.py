@@ -451,7 +451,7 @@ def batch(args: argparse.Namespace) -> None:
                 raise SystemExit(f"{kind}: the client's count is {row['pending']}, not {1 - args.documents}")
             rates[kind].append(row["docs_per_s"])
     print(f"{args.documents} documents of one client, Redis broker, {args.repeat} alternating runs, medians")
-    print("| publishing | documents/s | range | vs plain, the same way (rounds) |\n|---|---|---|---|")
+    print("| publishing | documents/s (range) | vs plain, the same way: median (rounds) |\n|---|---|---|")
     for kind in KINDS:
         plain = rates["plain " + kind.split(" ", 1)[1]]
         ratios = [r / p for r, p in zip(rates[kind], plain, strict=True)]
