@@ -124,7 +124,9 @@ def clean(env: dict[str, str], servers: Iterable[redis.Redis]) -> None:
 
 def in_child(*args: str) -> Any:
     """This script run again with ``args`` in a fresh process; the JSON of its last line."""
-    done = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, check=True)
+    done = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"{' '.join(args[:3])} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
