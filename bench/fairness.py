@@ -249,7 +249,7 @@ def spread(values: list[float], scale: float = 1, form: str = ".2f") -> str:
 
 def dispatch_gap(published: Mapping[str, float], results: Mapping[str, dict[str, Any]]) -> float:
     """The median time from a slot's finish to the start of a document that waited for it,
-    from task id -> publish time and task id -> the worker's report (``bench/giants.py`` too)."""
+    from task id -> publish time and task id -> the worker's report."""
     finishes = sorted(r["finished_at"] for r in results.values())
     gaps = []
     for tid, at in published.items():
