@@ -55,11 +55,7 @@ from priority_router.router import engine_of  # noqa: E402
 from workers.app import create_app  # noqa: E402
 from workers.local_redis import RedisDatabases  # noqa: E402
 from workers.services import Worker  # noqa: E402
-from workers.workload import (  # noqa: E402
-    HOLD,
-    most_at_once,
-    p95,
-)
+from workers.workload import HOLD, most_at_once, p95  # noqa: E402
 
 HEAVY = "heavy"
 #: Seconds between two looks at the heavy client's gate.
