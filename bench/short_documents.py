@@ -67,11 +67,7 @@ sys.path[:0] = [str(ROOT)]
 
 from bench.provenance import code_version  # noqa: E402
 from workers.app import create_app  # noqa: E402
-from workers.local_redis import (  # noqa: E402
-    RedisDatabases,
-    redis_or_embedded,
-    stop_process,
-)
+from workers.local_redis import RedisDatabases, redis_or_embedded, stop_process  # noqa: E402
 from workers.services import Worker  # noqa: E402
 from workers.workload import p95  # noqa: E402
 

@@ -36,11 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from priority_router.simulation.trace import (  # noqa: E402
-    Trace,
-    TraceBuilder,
-    counted_by,
-)
+from priority_router.simulation.trace import Trace, TraceBuilder, counted_by  # noqa: E402
 from priority_router.simulation.tune import (  # noqa: E402
     Baseline,
     Case,
