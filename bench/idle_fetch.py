@@ -20,11 +20,10 @@ import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-
-from support.services import running_worker  # noqa: E402
+sys.path[:0] = [str(ROOT)]
 
 from workers.app import create_app  # noqa: E402
+from workers.services import running_worker  # noqa: E402
 
 
 def main() -> None:
@@ -47,7 +46,6 @@ def main() -> None:
         "PRIORITY_ROUTER_KEY_PREFIX": f"{queue}:",
         "PRIORITY_ROUTER_CONSUMER_CHECK_INTERVAL": "0",
         "DOCUMENT_QUEUE": queue,
-        "WORKER_INCLUDE": "worker_tasks",
     }
     app = create_app(env)
     with running_worker(env, "--pool", args.pool, "--concurrency", "2"):
@@ -56,8 +54,9 @@ def main() -> None:
             waits = []
             for n in range(args.docs):
                 sent = time.time()
+                client = f"c{n}-{kind}"
                 result = app.send_task(
-                    "tests.hold_and_record", (0,), headers={"client_id": f"c{n}-{kind}"}, **options
+                    "workers.hold_document", (client, f"d{n}", 0), headers={"client_id": client}, **options
                 )
                 waits.append(result.get(timeout=30)["started_at"] - sent)
                 time.sleep(args.gap)

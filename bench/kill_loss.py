@@ -3,7 +3,7 @@ at random moments and restarted, then every document counted.
 
 One question: does a document ever leave the broker without starting?  A giant client
 publishes ``--docs`` short documents (``--min-ms`` to ``--max-ms``, seeded), each of which
-counts its start by id in a Redis hash (``tests.count_and_sleep``).  A real worker
+counts its start by id in a Redis hash (``workers.count_and_sleep``).  A real worker
 (``--pool``, ``--concurrency``) is started, SIGKILLed (its whole process group: a prefork
 worker's pool processes too) ``--after-min`` to ``--after-max`` seconds after it is ready,
 and started again, ``--kills`` times; then one worker drains the queue, with kombu's Redis
@@ -38,15 +38,15 @@ import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT)]
 
 import redis  # noqa: E402
 from kombu import Connection  # noqa: E402
-from support.services import fast_redelivery, worker_command, worker_environment  # noqa: E402
 
 from workers.app import create_app  # noqa: E402
+from workers.services import fast_redelivery, worker_command, worker_environment  # noqa: E402
 
-TASK = "tests.count_and_sleep"
+TASK = "workers.count_and_sleep"
 
 
 class KillableWorker:
@@ -175,7 +175,7 @@ def main() -> None:
         "PRIORITY_ROUTER_CONSUMER_CHECK_INTERVAL": "0",
         "RUNS_KEY": f"{queue}:runs",
         "DOCUMENT_QUEUE": queue,
-        "WORKER_INCLUDE": "worker_tasks",
+        "WORKER_INCLUDE": "workers.bench_tasks",
         "WORKERS_ROUTER": args.router,
     }
     if args.amqp:

@@ -40,7 +40,7 @@ from typing import Any
 import redis
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT)]
 
 from priority_router.decision import Decision  # noqa: E402
 from priority_router.engine import Engine  # noqa: E402

@@ -76,6 +76,30 @@ def temporary_vhost(amqp_url: str, name: str = "pr-test", user: str = "guest") -
         _rabbitmqctl("delete_vhost", name)
 
 
+def fast_redelivery(env: Mapping[str, str]) -> str:
+    """Redis broker options for a test that kills workers: a dead worker's unacked documents
+    come back after 3 s instead of an hour, swept every second instead of every ~100 s
+    (RabbitMQ requeues them at once).
+
+    The unacked hash, its index and the sweep's lock are the test's own (named after its
+    queue), not kombu's ``unacked`` keys every test on the broker's database shares: with
+    shared keys, these workers' 3 s sweep requeued other tests' long documents mid-run, and
+    a default worker SIGKILLed while it held the shared lock stopped every sweep on the
+    database for kombu's 300 s, so a test waiting 90 s for a redelivery failed."""
+    own = env["DOCUMENT_QUEUE"]
+    return json.dumps(
+        {
+            "visibility_timeout": 3,
+            "unacked_restore_interval": 1,
+            "unacked_restore_throttle": 1,
+            "unacked_mutex_expire": 5,
+            "unacked_key": f"{own}.unacked",
+            "unacked_index_key": f"{own}.unacked_index",
+            "unacked_mutex_key": f"{own}.unacked_mutex",
+        }
+    )
+
+
 def worker_command(*args: str, app: str = "workers.app") -> list[str]:
     """``celery -A app worker`` with this interpreter, a unique node name and ``args``."""
     return [

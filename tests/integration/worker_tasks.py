@@ -120,19 +120,3 @@ def track_running(self: Task, seconds: float, client_id: str) -> dict[str, Any]:
         return {"client_id": client_id, "started": started, "ended": time.time()}
     finally:
         client.close()
-
-
-@shared_task(bind=True, name="tests.count_and_sleep")
-def count_and_sleep(self: Task, seconds: float, client_id: str | None = None) -> None:
-    """Counts the document's start by its id in ``RUNS_KEY`` (a hash in ``RUNS_REDIS_URL``),
-    then holds its slot ``seconds``: a document that never started is missing there."""
-    import os
-
-    import redis
-
-    client = redis.Redis.from_url(os.environ["RUNS_REDIS_URL"])
-    try:
-        client.hincrby(os.environ["RUNS_KEY"], self.request.id, 1)
-    finally:
-        client.close()
-    time.sleep(seconds)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -23,6 +22,7 @@ from workers.services import (  # noqa: F401 - re-exported for the tests
     LoggedProcess,
     Worker,
     ensure_rabbitmq,
+    fast_redelivery,
     running_worker,
     tcp_answers,
     temporary_vhost,
@@ -81,30 +81,6 @@ def broker_db_url(server: str) -> str:
 def results_db_url(server: str) -> str:
     """The result backend's URL on ``server`` (the ``redis_server_url`` fixture)."""
     return TEST_DATABASES.on(server).results
-
-
-def fast_redelivery(env: Mapping[str, str]) -> str:
-    """Redis broker options for a test that kills workers: a dead worker's unacked documents
-    come back after 3 s instead of an hour, swept every second instead of every ~100 s
-    (RabbitMQ requeues them at once).
-
-    The unacked hash, its index and the sweep's lock are the test's own (named after its
-    queue), not kombu's ``unacked`` keys every test on the broker's database shares: with
-    shared keys, these workers' 3 s sweep requeued other tests' long documents mid-run, and
-    a default worker SIGKILLed while it held the shared lock stopped every sweep on the
-    database for kombu's 300 s, so a test waiting 90 s for a redelivery failed."""
-    own = env["DOCUMENT_QUEUE"]
-    return json.dumps(
-        {
-            "visibility_timeout": 3,
-            "unacked_restore_interval": 1,
-            "unacked_restore_throttle": 1,
-            "unacked_mutex_expire": 5,
-            "unacked_key": f"{own}.unacked",
-            "unacked_index_key": f"{own}.unacked_index",
-            "unacked_mutex_key": f"{own}.unacked_mutex",
-        }
-    )
 
 
 def kill_worker_mid_work(env: Mapping[str, str], *args: str, received: int = 2, timeout: float = 60) -> None:
