@@ -10,14 +10,16 @@ client's document is held when
 - the cost running plus the document's own would pass ``max_cost_in_flight``, unless the
   client runs nothing (a document larger than the cap runs alone);
 - its token bucket (``rate``, holding up to ``Limits.bucket`` tokens, full at the start,
-  one token per start) has less than one token;
+  one token per start) has less than one token that no released document has reserved;
 - or the client already has held documents: a newcomer waits behind them.
 
 Held documents are released in order while the limits allow: at once when one of the
 client's documents ends, and at the gate's next tick (every ``tick`` seconds from 0, as the
 worker's sweep runs) when a token falls due.  A released document counts as running from
-its release (a reservation, taking its token then) and goes back to the queue with the
-priority it was published with; the slot that takes it runs it without a new check.
+its release (a reservation, which reserves its token) and goes back to the queue with the
+priority it was published with; the slot that takes it runs it without a new check, and
+spends the token then, so released documents that come back together start no faster than
+the bucket allows.
 
 Borrowing (``borrow``): at a tick with free slots and nothing queued, held documents of
 borrowing clients are released beyond their caps, at most one per free slot, oldest first
@@ -80,6 +82,8 @@ class Gate:
         self._bucket = [float(lim.bucket or 0) for lim in limits]
         self._borrow = [lim.borrow for lim in limits]
         self._tokens = list(self._bucket)
+        #: Tokens reserved by released documents not started yet.
+        self._promised = [0] * len(limits)
         self._stamp = [0.0] * len(limits)
         self._running = [0] * len(limits)
         self._cost = [0] * len(limits)
@@ -112,6 +116,10 @@ class Gate:
             return True
         if self._reserved[doc]:
             self._reserved[doc] = 0
+            if self._rate[client]:
+                self._refill(client, now)
+                self._promised[client] -= 1
+                self._tokens[client] -= 1
             return True
         if self._held[client] or not self._allows(client, doc, now):
             self._hold(doc, client, now)
@@ -172,22 +180,27 @@ class Gate:
         return self._has_token(client, now)
 
     def _has_token(self, client: int, now: float) -> bool:
-        rate = self._rate[client]
-        if not rate:
+        if not self._rate[client]:
             return True
+        return self._refill(client, now) - self._promised[client] >= 1 - EPSILON
+
+    def _refill(self, client: int, now: float) -> float:
+        rate = self._rate[client]
         tokens = min(self._bucket[client], self._tokens[client] + rate * (now - self._stamp[client]))
         self._tokens[client] = tokens
         self._stamp[client] = now
-        return tokens >= 1 - EPSILON
+        return tokens
 
-    def _charge(self, doc: int, client: int) -> None:
+    def _charge(self, doc: int, client: int, release: bool = False) -> None:
         """``doc`` runs, or is released to run: it counts, and takes its token (refilled
-        to ``now`` by the check that allowed it)."""
+        to ``now`` by the check that allowed it), or reserves it when ``release``."""
         running = self._running[client] = self._running[client] + 1
         if running > self._peak[client]:
             self._peak[client] = running
         self._cost[client] += self._units[doc] if self._units else ONE
-        if self._rate[client]:
+        if self._rate[client] and release:
+            self._promised[client] += 1
+        elif self._rate[client]:
             self._tokens[client] -= 1
 
     def _hold(self, doc: int, client: int, now: float) -> None:
@@ -206,7 +219,7 @@ class Gate:
         doc = held.popleft()
         if not held:
             self._ticking.pop(client, None)
-        self._charge(doc, client)
+        self._charge(doc, client, release=True)
         self._reserved[doc] = 1
         self._held_seconds[client] += now - self._held_at.pop(doc)
         return doc

@@ -141,7 +141,7 @@ def test_no_sent_mark_outlives_its_released_document(
     assert client.zrange(sent, 0, -1) == [b"c"]
     assert end(gate, queue, "c", cap, NOW + 3) == []
     assert client.exists(sent) == 0
-    assert not [f for f in client.hkeys(gate_keys(key_prefix, "acme")[2]) if f.startswith(b"r:")]
+    assert not [f for f in client.hkeys(gate_keys(key_prefix, "acme")[2]) if f.startswith((b"r:", b"w:"))]
     # A mark still protects a copy whose release is on its way (the drop test above), and its
     # document's arrival takes it, as before.
 
@@ -201,7 +201,43 @@ def test_a_rate_starts_its_burst_then_one_per_interval(gate: GateStore, queue: Q
     assert due.state == "free"
     assert gate.release("acme", rate, due, queue, REMEMBER, now_ms=NOW + 500)[1].due_ms == NOW + 1000
     assert queue.released == ["d2"]
+    assert admit(gate, queue, "d2", rate, NOW + 600) == "run"  # back: it spends its token
     assert end(gate, queue, "", rate, NOW + 2000) == ["d3", "d4"]
+
+
+def test_released_documents_that_come_back_together_start_no_faster_than_the_rate(
+    gate: GateStore, queue: Queue
+) -> None:
+    # Released at the rate, they wait behind other documents of their priority and arrive
+    # together: each release reserves its token and the start spends it, so no more are
+    # released than the bucket can start, and none starts without its token (#42).
+    rate = Limits(rate="2/s")
+    assert [admit(gate, queue, f"d{i}", rate) for i in range(8)] == ["run"] * 2 + ["held"] * 6
+    assert end(gate, queue, "", rate, NOW + 500) == ["d2"]
+    assert end(gate, queue, "", rate, NOW + 1000) == ["d3"]
+    # The bucket (2) is reserved by the two on their way: however long they take, no more go.
+    blocked = gate.end("acme", "", rate, now_ms=NOW + 5000)
+    assert (blocked.state, blocked.due_ms) == ("rate", NOW + 5500)
+    assert release(gate, queue, blocked, rate, NOW + 5000) == []
+    assert [admit(gate, queue, t, rate, NOW + 5000) for t in ("d2", "d3")] == ["run", "run"]
+    # Their starts spent the bucket: the next token comes half a second later.
+    assert end(gate, queue, "", rate, NOW + 5001) == []
+    assert end(gate, queue, "", rate, NOW + 5500) == ["d4"]
+
+
+def test_a_released_document_whose_reservation_lapsed_starts_only_with_a_free_token(
+    client: redis.Redis, key_prefix: str, queue: Queue
+) -> None:
+    gate = GateStore(client, key_prefix, lease=1)
+    rate = Limits(rate="1/s", burst=1)
+    assert [admit(gate, queue, t, rate) for t in ("a", "b", "c")] == ["run", "held", "held"]
+    assert end(gate, queue, "", rate, NOW + 1000) == ["b"]
+    # b's lease runs out on its way back; c is released with the token b no longer holds.
+    assert end(gate, queue, "", rate, NOW + 2001) == ["c"]
+    assert admit(gate, queue, "c", rate, NOW + 2002) == "run"
+    # b comes back with no token free: held again, and released in its turn.
+    assert admit(gate, queue, "b", rate, NOW + 2003) == "held"
+    assert end(gate, queue, "", rate, NOW + 3002) == ["b"]
 
 
 def test_a_burst_sizes_the_bucket(gate: GateStore, queue: Queue) -> None:

@@ -10,8 +10,9 @@
 -- KEYS[3]  gate  HASH  tk, ts: the rate's tokens and when they were counted (ms);
 --                      sum: the units of cost running; u:<id> a running document's units;
 --                      h:<id> a held document's units, at:<id> when it was held (ms);
---                      r:<id> a document taken for release that has neither been marked
---                      sent nor arrived at a worker yet
+--                      rs: the rate's tokens reserved by released documents on their way
+--                      back, r:<id> one such reservation; w:<id> a document taken for
+--                      release that has neither been marked sent nor arrived at a worker
 -- KEYS[4]  sent  ZSET  task id -> when (ms): released documents published again whose
 --                      arrival no worker has seen yet; a copy of one still in the holding
 --                      queue (its releaser killed before letting go of it) is dropped.
@@ -69,10 +70,23 @@ local function take(task, units)
   redis.call('HINCRBY', gate, 'sum', units)
 end
 
+-- A released document's token, reserved until it starts: its start spends it
+-- (spend_reserved), or it goes back to the bucket if the document never arrives.
+local function reserved()
+  return tonumber(redis.call('HGET', gate, 'rs') or '0')
+end
+
+local function unreserve(task)
+  if redis.call('HDEL', gate, 'r:' .. task) == 1 and redis.call('HINCRBY', gate, 'rs', -1) < 0 then
+    redis.call('HSET', gate, 'rs', 0)
+  end
+end
+
 local function drop(task)
   if redis.call('ZREM', run, task) == 0 then
     return false
   end
+  unreserve(task)
   local units = tonumber(redis.call('HGET', gate, 'u:' .. task) or ONE)
   redis.call('HDEL', gate, 'u:' .. task)
   local left = redis.call('HINCRBY', gate, 'sum', -units)
@@ -112,9 +126,16 @@ local function blocker(units, borrowed)
     return 'cap', 0
   end
   if rate > 0 then
-    local tk = tokens()
+    -- Tokens reserved by released documents still on their way back are not free.
+    local taken = reserved()
+    local tk = tokens() - taken
     -- EPSILON: the sums of a rate's float steps land a hair under a whole token.
     if tk < 1 - EPSILON then
+      if bucket - taken < 1 - EPSILON then
+        -- Even a full bucket is reserved: a token frees when one of them starts, so look
+        -- again in a token's time.
+        return 'rate', now + math.ceil(1 / rate)
+      end
       return 'rate', now + math.ceil((1 - tk) / rate - EPSILON)
     end
   end
@@ -124,6 +145,16 @@ end
 local function spend()
   if rate > 0 then
     redis.call('HSET', gate, 'tk', tokens() - 1, 'ts', now)
+  end
+end
+
+-- A release takes no token yet: it reserves one, which its start spends.  Released
+-- documents wait in the queue behind others of their priority and may come back together;
+-- spent at the release, their tokens would let them all start at once.
+local function reserve(task)
+  if rate > 0 then
+    redis.call('HSET', gate, 'r:' .. task, 1)
+    redis.call('HINCRBY', gate, 'rs', 1)
   end
 end
 
@@ -208,7 +239,7 @@ if mode == 'end' then
     -- Ended, so arrived: a mark its arrival did not clear (the store was down then, or the
     -- client had no limits by that time) goes too.
     redis.call('ZREM', sent, id)
-    redis.call('HDEL', gate, 'r:' .. id)
+    redis.call('HDEL', gate, 'w:' .. id)
   end
   expire()
   return settle(-1)
@@ -217,7 +248,7 @@ end
 if mode == 'sent' then
   -- Marked only while on its way: a document that arrived (or ended) before its releaser
   -- got here has no copy left to drop, and its mark would outlive it.
-  if redis.call('HDEL', gate, 'r:' .. id) == 1 then
+  if redis.call('HDEL', gate, 'w:' .. id) == 1 then
     redis.call('ZADD', sent, now, id)
   end
   redis.call('ZREMRANGEBYSCORE', sent, '-inf', now - number)
@@ -238,7 +269,7 @@ if mode == 'take' then
     -- Released before, by a releaser killed before it acknowledged the holding queue's
     -- copy: start it again (at least once, as Celery does after a kill).
     redis.call('ZADD', run, now + lease, id)
-    redis.call('HSET', gate, 'r:' .. id, 1)
+    redis.call('HSET', gate, 'w:' .. id, 1)
     unhold(id)
     return settle(1)
   end
@@ -253,8 +284,8 @@ if mode == 'take' then
   end
   unhold(id)
   take(id, number)
-  redis.call('HSET', gate, 'r:' .. id, 1)
-  spend()
+  redis.call('HSET', gate, 'w:' .. id, 1)
+  reserve(id)
   return settle(borrowed and 4 or 1)
 end
 
@@ -293,17 +324,44 @@ end
 
 -- admit
 borrow = 0
-if redis.call('ZSCORE', run, id) or redis.call('ZSCORE', sent, id) then
-  -- A released document back from the broker (its reservation may have lapsed on the way,
-  -- a worker restarting), or one delivered again: it has its place.
+if redis.call('HEXISTS', gate, 'r:' .. id) == 1 then
+  -- A released document back from the broker: it starts, and spends the token its
+  -- release reserved.
+  unreserve(id)
+  spend()
   if not redis.call('ZSCORE', run, id) then
     take(id, number)
   else
     redis.call('ZADD', run, now + lease, id)
   end
   redis.call('ZREM', sent, id)
-  redis.call('HDEL', gate, 'r:' .. id)
+  redis.call('HDEL', gate, 'w:' .. id)
   return settle(1)
+end
+if redis.call('ZSCORE', run, id) then
+  -- Running, or delivered again (a retry, a redelivery): it has its place.
+  redis.call('ZADD', run, now + lease, id)
+  redis.call('ZREM', sent, id)
+  redis.call('HDEL', gate, 'w:' .. id)
+  return settle(1)
+end
+if redis.call('ZSCORE', sent, id) then
+  -- Released, and its reservation lapsed on the way (longer than a lease behind other
+  -- documents, a worker restarting): it has its place, but starts only with a free token;
+  -- without one it is held again, behind the client's held documents (its copy goes to the
+  -- holding queue's tail), and released in its turn.
+  redis.call('ZREM', sent, id)
+  redis.call('HDEL', gate, 'w:' .. id)
+  expire()
+  local why = blocker(number, true)
+  if why ~= 'rate' then
+    take(id, number)
+    spend()
+    return settle(1)
+  end
+  redis.call('RPUSH', held, id)
+  redis.call('HSET', gate, 'h:' .. id, number, 'at:' .. id, now)
+  return settle(0)
 end
 if redis.call('HEXISTS', gate, 'h:' .. id) == 1 then
   return settle(2)
