@@ -11,9 +11,12 @@ methods are a front to it; the Celery integration (``integration/``) and the com
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
 import logging
 import time
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
@@ -43,6 +46,12 @@ logger = logging.getLogger("priority_router")
 
 T = TypeVar("T")
 
+#: Seconds between a publishing process's confirms of the documents the broker took
+#: (``mode="inflight"``): sent in one batch, off the publish path.
+CONFIRM_EVERY = 2.0
+#: One document a publish counted and the broker took: client, task id, units.
+Sent = tuple[str, str, int]
+
 
 class Engine:
     """The stores one configuration names, and the calls on them that never raise.
@@ -54,6 +63,7 @@ class Engine:
         #: What the user chose; an app's Celery settings fill in only the rest.
         self._given = dict(given)
         self._redis_client = redis_client
+        self._confirms_at_exit = False
         self.use(RouterConfig.from_mapping(self._given))
 
     def use(self, config: RouterConfig) -> None:
@@ -99,6 +109,8 @@ class Engine:
         self._owed: OwedEnds[End] = OwedEnds()
         #: In another mode, the in-flight lists of documents counted in the inflight mode.
         self._ends_only: InflightCounter | None = None
+        #: ``mode="inflight"``: documents sent, their confirms not yet sent (``confirm_quietly``).
+        self._unconfirmed: OwedEnds[Sent] = OwedEnds()
 
     def follow(self, celery_settings: Mapping[str, Any], source: Callable[[str], str] = celery_name) -> bool:
         """Adopt an app's ``priority_router_*`` settings under the ones given to the router;
@@ -117,8 +129,12 @@ class Engine:
 
     # -- counting -----------------------------------------------------------------------
 
-    def decide(self, client_id: str, task_id: str | None = None, cost: object = None) -> Decision:
-        """A publish's decision; never raises (``PriorityRouter.decide``)."""
+    def decide(
+        self, client_id: str, task_id: str | None = None, cost: object = None, provisional: bool = False
+    ) -> Decision:
+        """A publish's decision; never raises (``PriorityRouter.decide``).  ``provisional``
+        (a Celery publish, whose sender confirms it: :meth:`confirm_quietly`): in the
+        inflight mode, the document stops counting after a minute unless confirmed."""
         batch = current_batch.get()
         if batch is not None:
             reserved = batch.take(client_id)
@@ -131,7 +147,7 @@ class Engine:
             return self.counted_here(client_id, units)[0]
         metrics = self.metrics
         started = time.perf_counter() if metrics is not None else 0.0
-        counted = self._quietly(lambda: self.count(client_id, task_id, units), "publish")
+        counted = self._quietly(lambda: self.count(client_id, task_id, units, provisional), "publish")
         if counted is None:
             return self.uncounted(client_id, units)[0]
         if metrics is not None:
@@ -171,7 +187,9 @@ class Engine:
         default = self.tier_store.known_default() if own is None and self.config.tiers else None
         return [self.priced(client_id, p, units, own, default, Reason.LOCAL) for p in pendings]
 
-    def count(self, client: str, task_id: str | None, units: int = ONE) -> tuple[bool, int | float, Any]:
+    def count(
+        self, client: str, task_id: str | None, units: int = ONE, provisional: bool = False
+    ) -> tuple[bool, int | float, Any]:
         """One counted document in the mode's store: whether checks read tiers, the pending
         count it is checked at, and the client's stored tier when they do (read in the same
         transaction), else None."""
@@ -180,7 +198,7 @@ class Engine:
         if self.inflight is not None:
             assert task_id is not None
             try:
-                return (tiered, *self.inflight.count(client, task_id, units, tiered, costs))
+                return (tiered, *self.inflight.count(client, task_id, units, tiered, costs, provisional))
             except STORE_ERRORS:
                 # The script may have reached the store and run there after the timeout (a
                 # stall, a lost reply), while its caller takes the document as uncounted
@@ -323,6 +341,39 @@ class Engine:
             log_end_cost(task_id, client_id, counted, units, " (said once per client)")
         return counted is not None
 
+    # -- confirms (mode="inflight") -----------------------------------------------------
+
+    def confirm_quietly(self, client_id: str, task_id: str, cost: object = None) -> None:
+        """The broker took a document this process counted provisionally: it counts until
+        it ends.  Kept, and sent with the others every :data:`CONFIRM_EVERY` seconds from a
+        daemon thread, and at the process's exit; never raises."""
+        if self.inflight is None:
+            return
+        units = ONE
+        if cost is not None:
+            with contextlib.suppress(InvalidCost):  # its publish counted it as 1
+                units = cost_units(cost)
+        if not self._unconfirmed.add((client_id, task_id, units)) and self._first_time("warning", "confirms"):
+            logger.error(
+                "priority-router: more than %d documents' confirms are waiting to reach the counter store; "
+                "the oldest are forgotten (their documents stop counting a minute after their publish)",
+                MAX_OWED,
+            )
+        self._unconfirmed.retry_every(CONFIRM_EVERY, self.send_confirms_quietly)
+        if not self._confirms_at_exit:
+            self._confirms_at_exit = True
+            atexit.register(_confirm_at_exit, weakref.ref(self))
+
+    def send_confirms_quietly(self, batch: int = 10_000) -> None:
+        """Send the confirms kept, in batches of ``batch``; those the store could not take
+        are kept for the next try.  Never raises."""
+        inflight = self.inflight
+        while inflight is not None and self._unconfirmed and self._breaker.allow("confirms"):
+            documents = self._unconfirmed.take(batch)
+            if self._quietly(functools.partial(inflight.confirm, documents), "confirms") is None:
+                self._unconfirmed.give_back(documents)
+                return
+
     def inflight_lists(self) -> InflightCounter:
         """The inflight mode's lists: the mode's own, else (the seed mode, for ends of
         documents counted in the inflight mode, and for ``reset``) one built at first use:
@@ -402,6 +453,13 @@ class Engine:
         if refused is None:
             return ""
         return f". Fix: {refused.fix(acl_user(self.config.redis_url), self.config.key_prefix)}"
+
+
+def _confirm_at_exit(engine: weakref.ref[Engine]) -> None:
+    """A publisher exiting right after its publishes confirms them before it goes."""
+    alive = engine()
+    if alive is not None:
+        alive.send_confirms_quietly()
 
 
 def log_end_cost(task_id: str, client: str, counted: int, given: int, said: str = "") -> None:

@@ -106,6 +106,29 @@ def end_unsent(app: Celery, message: Any) -> None:
         logger.exception("priority-router could not end the unsent document %s", task_id)
 
 
+def confirm_sent(app: Celery, message: Any) -> None:
+    """A publish of ``app`` the broker took: the document it counted (``mode="inflight"``)
+    counts until a worker ends it (until confirmed, it stops counting a minute after its
+    count: its publisher may have been killed before sending it).  Never raises."""
+    headers = getattr(message, "headers", None)
+    if (
+        not isinstance(headers, Mapping)
+        or not headers.get(H.INFLIGHT)
+        or headers.get(H.REASON) == Reason.INHERITED
+    ):
+        return
+    router = installed_engine(app)
+    if router is None:
+        return
+    client = normalize_client_id(headers.get(router.config.client_id_header))
+    task_id = headers.get("id")
+    body = getattr(message, "body", None)
+    if task_id is None and isinstance(body, Mapping):  # task protocol 1
+        task_id = body.get("id")
+    if client is not None and isinstance(task_id, str):
+        router.confirm_quietly(client, task_id, headers.get(H.COST))
+
+
 def _field(fields: Any, name: str) -> Any:
     return fields.get(name) if isinstance(fields, Mapping) else getattr(fields, name, None)
 

@@ -73,7 +73,7 @@ from .celery_settings import (
     warn_kept,
 )
 from .consumers import check_at_start
-from .endings import end_unsent, watch_endings
+from .endings import confirm_sent, end_unsent, watch_endings
 from .gate import start_gate, watch_gate
 from .green_restore import start_unacked_sweep
 from .installation import ATTRIBUTE, Installation, installation_of
@@ -147,7 +147,7 @@ def install(router: object, engine: Engine, app: Celery) -> PublishReceiver:
         _apps.add(app)
         _connect_signals()
         app.on_after_configure.connect(_on_configure, weak=False, dispatch_uid=_UID)
-        wrap_sender(app, settle, _redeclares, _unsent)
+        wrap_sender(app, settle, _redeclares, _unsent, confirm_sent)
         if metrics is not None:
             watch_queue_wait(app, metrics, engine.config.metrics_port)
         if app.configured:

@@ -71,9 +71,9 @@ def mistyped_tasks(patterns: tuple[str, ...] | None, registered: list[str]) -> d
     return mistyped
 
 
-#: ``decide(client_id, task_id, cost)`` (:meth:`PriorityRouter.decide`): count one document
-#: and price it, never raising; ``task_id`` is None unless ``mode="inflight"``, ``cost``
-#: None when the document gives none.
+#: ``decide(client_id, task_id, cost, provisional=False)`` (``Engine.decide``): count one
+#: document and price it, never raising; ``task_id`` is None unless ``mode="inflight"``,
+#: ``cost`` None when the document gives none.
 Decide = Callable[..., Decision]
 #: ``settle(app)``: settle on the app's configuration now; the transport, or None.
 Settle = Callable[[Celery], "Transport | None"]
@@ -249,7 +249,10 @@ class PublishReceiver:
         cost = headers.get(H.COST)
         if cost is None and self._cost_getter is not None:
             cost = self._getter_cost(task_name, body, headers)
-        return self._decide(client, _task_id(body, headers) if self._inflight else None, cost)
+        if not self._inflight:
+            return self._decide(client, None, cost)
+        # Counted until confirmed: the sender confirms it once the broker took it (``sender.py``).
+        return self._decide(client, _task_id(body, headers), cost, provisional=True)
 
     def _getter_cost(self, task_name: str, body: Any, headers: dict[str, Any]) -> object:
         args, kwargs = _args_kwargs(body)

@@ -13,7 +13,9 @@ Why it exists:
   refusal reaches the caller as in plain Celery.
 - A send that raises (a broker refusing the connection or the queue) counted its document
   all the same, in ``before_task_publish``; ``unsent(app, message)`` is called before the
-  error reaches the caller, so that no worker's end is waited for (``endings.py``).
+  error reaches the caller, so that no worker's end is waited for (``endings.py``).  A send
+  that returns calls ``taken(app, message)``: the broker has the document, which counts until
+  a worker ends it (a publisher killed in between never says so, and its count lapses).
 
 Celery builds its sender lazily: ``app.amqp.send_task_message`` is a cached property
 whose builder (``_create_task_sender``) freezes the publish retry policy, delivery mode,
@@ -48,22 +50,24 @@ def wrap_sender(
     on_build: Callable[[Celery], object],
     redeclares: Callable[[Celery, str], bool],
     unsent: Callable[[Celery, Any], object],
+    taken: Callable[[Celery, Any], object],
 ) -> None:
     """Wrap ``app``'s task sender (idempotent); ``on_build(app)`` runs when Celery
-    builds it, or now if Celery already has; ``unsent(app, message)`` when a send raises."""
+    builds it, or now if Celery already has; ``unsent(app, message)`` when a send raises,
+    ``taken(app, message)`` when it returns."""
     amqp = app.amqp
     if amqp.__dict__.get(_WRAPPED):
         return
     built = amqp.__dict__.get(SENDER)
     if built is not None:
         on_build(app)
-        amqp.__dict__[SENDER] = _wrap(app, built, redeclares, unsent)
+        amqp.__dict__[SENDER] = _wrap(app, built, redeclares, unsent, taken)
     else:
         build = sender_builder(amqp)
 
         def create_task_sender() -> Callable[..., Any]:
             on_build(app)
-            return _wrap(app, build(), redeclares, unsent)
+            return _wrap(app, build(), redeclares, unsent, taken)
 
         amqp.__dict__[SENDER_BUILDER] = create_task_sender
     amqp.__dict__[_WRAPPED] = True
@@ -86,6 +90,7 @@ def _wrap(
     send: Callable[..., Any],
     redeclares: Callable[[Celery, str], bool],
     unsent: Callable[[Celery, Any], object],
+    taken: Callable[[Celery, Any], object],
 ) -> Callable[..., Any]:
     def send_or_demote(*args: Any, **kwargs: Any) -> Any:
         try:
@@ -108,10 +113,13 @@ def _wrap(
         message = args[2] if len(args) > 2 else kwargs.get("message")
         token, sent = publishing_app.set(app), sending.set(message)
         try:
-            return send_or_demote(*args, **kwargs)
+            result = send_or_demote(*args, **kwargs)
         except Exception:
             unsent(app, message)
             raise
+        else:
+            taken(app, message)
+            return result
         finally:
             sending.reset(sent)
             publishing_app.reset(token)

@@ -54,6 +54,10 @@ PURPOSES = {
         "publishes are counted again",
     ),
     "ends": ("keeping documents' ends to send later", "documents' ends are sent again"),
+    "confirms": (
+        "keeping the confirms of sent documents to send later",
+        "sent documents are confirmed again",
+    ),
 }
 
 

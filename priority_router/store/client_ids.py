@@ -92,6 +92,11 @@ def client_id_from_inflight_key(prefix: str, key: str) -> str | None:
 ORDER_SUFFIX = ":o"
 
 
+#: Ends the key of one client's documents counted and not yet confirmed sent by their
+#: publisher (inflight mode, ``store/inflight.py``).
+UNCONFIRMED_SUFFIX = ":u"
+
+
 #: Ends the key of one client's tier (``tiers.py``).  It shares the client's hash tag, so on
 #: Redis Cluster it lives on the client's master and is read inside the client's check.
 TIER_SUFFIX = ":t"

@@ -55,9 +55,9 @@ class Layout:
     #: Ends the key of what the client's costed documents add (``costs.py``), after its hash
     #: tag; None: they are the oldest entry of the client's list.
     extras_suffix: str | None
-    #: Ends the key of the client's other state, cleared with it: the seed's extras, the
-    #: inflight mode's order.
-    companion_suffix: str
+    #: End the keys of the client's other state, cleared with it: the seed's extras, the
+    #: inflight mode's order and its unconfirmed documents.
+    companion_suffixes: tuple[str, ...]
 
 
 class ClientKeys:
@@ -70,7 +70,9 @@ class ClientKeys:
         self._layout = layout
         #: Matches this mode's keys and no other (``SCAN``'s MATCH).
         self._pattern = glob_escape(prefix) + "{*}" + glob_escape(layout.suffix)
-        self._companion_pattern = glob_escape(prefix) + "{*}" + glob_escape(layout.companion_suffix)
+        self._companion_patterns = [
+            glob_escape(prefix) + "{*}" + glob_escape(s) for s in layout.companion_suffixes
+        ]
 
     @property
     def reset_interval_ms(self) -> int:
@@ -122,13 +124,14 @@ class ClientKeys:
 
     def clear(self, client_id: str) -> bool:
         """Forget one client; True when it had state."""
-        companion = client_key(self._prefix, client_id) + self._layout.companion_suffix
-        # The companion shares the client's hash tag, so its slot on a Cluster; it may outlive
+        tagged = client_key(self._prefix, client_id)
+        # The companions share the client's hash tag, so its slot on a Cluster; they may outlive
         # the client's key (an order key after its list emptied), which alone says "had state".
         with self._redis.pipeline(transaction=True) as pipe:
             pipe.delete(self.key(client_id))
-            pipe.delete(companion)
-            had, _ = pipe.execute()
+            for suffix in self._layout.companion_suffixes:
+                pipe.delete(tagged + suffix)
+            had, *_ = pipe.execute()
         return bool(had)
 
     def scan(self, count: int = 500) -> Iterator[CounterState]:
@@ -140,7 +143,8 @@ class ClientKeys:
         """Forget every client on every master; returns how many keys were deleted."""
         # On Redis Cluster, redis-py splits ``unlink(*keys)`` into one UNLINK per hash slot,
         # so a batch whose keys live on several masters never sends a cross-slot command.
-        keys = (self._redis.scan_iter(match=p, count=count) for p in (self._pattern, self._companion_pattern))
+        patterns = (self._pattern, *self._companion_patterns)
+        keys = (self._redis.scan_iter(match=p, count=count) for p in patterns)
         return sum(int(self._redis.unlink(*batch)) for batch in batched(itertools.chain(*keys), count))
 
     def _read_keys(self, keys: list[str]) -> Iterator[CounterState]:

@@ -40,7 +40,7 @@ SEED = Layout(
     read="get",
     documents=lambda value: None if value is None else int(value),
     extras_suffix=EXTRAS_SUFFIX,
-    companion_suffix=EXTRAS_SUFFIX,
+    companion_suffixes=(EXTRAS_SUFFIX,),
 )
 
 

@@ -28,6 +28,13 @@ checked at 0, as in the seed mode), and ``pending = 0`` when the list is gone.
 - The TTL stays the idle reset, as a safety net for ends lost to crashes: every publish
   and every end re-arms it, so a list is dropped only after ``reset_interval`` seconds
   without either.
+- A document counted by a Celery publish is counted *unconfirmed* (``provisional``): its
+  entry also goes in the client's sorted set ``<prefix>{token}:u`` with a deadline
+  :data:`UNCONFIRMED_WINDOW` on.  Once the broker took the message, its publisher confirms
+  it (:meth:`InflightCounter.confirm`: ``ZREM``, batched in the background, so the publish
+  stays one round trip).  A publisher killed between its count and its send never
+  confirms: the client's next publish drops the entries whose deadline passed, since no
+  worker will ever end them and each publish would re-arm the idle reset that clears them.
 
 The entry ``m`` is the 8-byte BLAKE2b digest of the task id: a list keeps it in 10
 bytes (a UUID's 36 characters would take 38), and hashing costs the publisher little
@@ -50,6 +57,7 @@ from .client_ids import (
     INFLIGHT_SUFFIX,
     ORDER_SUFFIX,
     TIER_SUFFIX,
+    UNCONFIRMED_SUFFIX,
     client_id_from_inflight_key,
     inflight_key,
 )
@@ -74,6 +82,11 @@ def member(task_id: str, extra: int = 0) -> bytes:
 _EXTRA = struct.Struct(">i")
 _LUA = Path(__file__).parent / "lua"
 
+#: Seconds a document counted by a publish stays counted without its publisher confirming
+#: that the broker took it: far longer than a send takes, and than the publisher's
+#: background confirms wait (``engine.CONFIRM_EVERY``).
+UNCONFIRMED_WINDOW = 60.0
+
 #: One list per client: the documents published and not finished (and, once costed
 #: documents were published, the client's extras as its oldest entry: ``costs.py``).
 INFLIGHT = Layout(
@@ -83,23 +96,31 @@ INFLIGHT = Layout(
     read="llen",
     documents=lambda value: int(value) if value else None,
     extras_suffix=None,
-    companion_suffix=ORDER_SUFFIX,
+    companion_suffixes=(ORDER_SUFFIX, UNCONFIRMED_SUFFIX),
 )
 
 
 class InflightCounter(ClientKeys):
     """Atomic per-client publishes and ends on one Redis (or Redis Cluster) connection."""
 
-    def __init__(self, client: redis.Redis, prefix: str, reset_interval: float) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        prefix: str,
+        reset_interval: float,
+        unconfirmed_window: float = UNCONFIRMED_WINDOW,
+    ) -> None:
         super().__init__(client, prefix, reset_interval, INFLIGHT)
         self._expiry = str(self._interval_ms).encode()
+        self._window = b"%d" % max(1, round(unconfirmed_window * 1000))
         self._exchange = exchange_for(client)
         self._publish: Any = register_script(client, (_LUA / "publish_inflight.lua").read_text())
         self._end_costed: Any = register_script(client, (_LUA / "end_costed.lua").read_text())
         #: Per key: the packed ``EVALSHA`` up to the document's entry (its keys).
         self._heads: dict[str, bytes] = {}
-        #: Per (tier read, extras read): the packed arguments after the entry, for cost 1.
-        self._tails: dict[tuple[bool, bool], bytes] = {}
+        #: Per (tier read, extras read, provisional): the packed arguments after the entry,
+        #: for cost 1.
+        self._tails: dict[tuple[bool, bool, bool], bytes] = {}
 
     def record(self, client_id: str, task_id: str) -> int:
         """One counted publish of document ``task_id`` of cost 1; returns the new pending count."""
@@ -107,22 +128,41 @@ class InflightCounter(ClientKeys):
         return int(pending)
 
     def count(
-        self, client_id: str, task_id: str, units: int = ONE, tier: bool = False, costs: bool = False
+        self,
+        client_id: str,
+        task_id: str,
+        units: int = ONE,
+        tier: bool = False,
+        costs: bool = False,
+        provisional: bool = False,
     ) -> tuple[int | float, Any]:
         """One counted publish of document ``task_id`` costing ``units``: the pending count it
         is checked at (minus the costs in flight before it, or minus what the client's newest
         document in flight was checked at, whichever is lower), and the client's stored tier
-        when ``tier``.  ``costs`` (any costed document counted under the prefix) reads the extras."""
+        when ``tier``.  ``costs`` (any costed document counted under the prefix) reads the
+        extras.  A ``provisional`` document stops counting after :data:`UNCONFIRMED_WINDOW`
+        unless :meth:`confirm` is told its broker took it."""
         key = inflight_key(self._prefix, client_id)
         extra = units - ONE
         entry = member(task_id, extra)
         if self._exchange:
-            before, stored = self._packed_publish(self._exchange, key, entry, extra, tier, costs)
+            before, stored = self._packed_publish(self._exchange, key, entry, extra, tier, costs, provisional)
         else:
-            keys = [key, _tier_of_list(key), _order_of_list(key)]
-            args = [entry, extra, self._expiry, _FLAG[tier], _FLAG[costs], SENTINEL, RESOLUTION]
+            keys = [key, _tier_of_list(key), _order_of_list(key), _unconfirmed_of_list(key)]
+            window = self._window if provisional else b"0"
+            args = [entry, extra, self._expiry, _FLAG[tier], _FLAG[costs], SENTINEL, RESOLUTION, window]
             before, stored = self._publish(keys=keys, args=args)
         return as_count(-int(before)), stored if tier else None
+
+    def confirm(self, documents: list[tuple[str, str, int]]) -> None:
+        """The broker took these provisionally counted documents (client, task id, units):
+        they count until they end.  One round trip per master; confirming a document already
+        ended, or dropped as unconfirmed, changes nothing."""
+        with self._redis.pipeline(transaction=False) as pipe:
+            for client_id, task_id, units in documents:
+                key = _unconfirmed_of_list(inflight_key(self._prefix, client_id))
+                pipe.zrem(key, member(task_id, units - ONE))
+            pipe.execute()
 
     def end(self, client_id: str, task_id: str, units: int | None = None, costs: bool = False) -> int | None:
         """The end of document ``task_id``: the units it was counted with when this call
@@ -155,25 +195,37 @@ class InflightCounter(ClientKeys):
         return ONE + int(extra) if removed else None
 
     def _packed_publish(
-        self, exchange: Exchange, key: str, entry: bytes, extra: int, tier: bool, costs: bool
+        self,
+        exchange: Exchange,
+        key: str,
+        entry: bytes,
+        extra: int,
+        tier: bool,
+        costs: bool,
+        provisional: bool,
     ) -> Any:
         head = self._heads.get(key)
         if head is None:
-            keys = (key.encode(), _tier_of_list(key).encode(), _order_of_list(key).encode())
-            head = b"*13\r\n" + b"".join(
-                bulk(p) for p in (b"EVALSHA", self._publish.sha.encode(), b"3", *keys)
+            keys = (
+                key.encode(),
+                _tier_of_list(key).encode(),
+                _order_of_list(key).encode(),
+                _unconfirmed_of_list(key).encode(),
+            )
+            head = b"*15\r\n" + b"".join(
+                bulk(p) for p in (b"EVALSHA", self._publish.sha.encode(), b"4", *keys)
             )
             if len(self._heads) >= CACHE_SIZE:
                 self._heads.clear()
             self._heads[key] = head
-        tail = self._tails.get((tier, costs)) if not extra else None
+        tail = self._tails.get((tier, costs, provisional)) if not extra else None
         if tail is None:
             tail = b"".join(
                 bulk(a) for a in (b"%d" % extra, self._expiry, _FLAG[tier], _FLAG[costs], SENTINEL)
             )
-            tail += bulk(b"%d" % RESOLUTION)
+            tail += bulk(b"%d" % RESOLUTION) + bulk(self._window if provisional else b"0")
             if not extra:
-                self._tails[tier, costs] = tail
+                self._tails[tier, costs, provisional] = tail
         packed = head + bulk(entry) + tail
         raw = key.encode()
         try:
@@ -189,6 +241,10 @@ _FLAG = (b"0", b"1")
 
 def _order_of_list(key: str) -> str:
     return key[: -len(INFLIGHT_SUFFIX)] + ORDER_SUFFIX
+
+
+def _unconfirmed_of_list(key: str) -> str:
+    return key[: -len(INFLIGHT_SUFFIX)] + UNCONFIRMED_SUFFIX
 
 
 def _tier_of_list(key: str) -> str:

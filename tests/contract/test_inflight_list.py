@@ -189,3 +189,55 @@ def test_once_the_newest_document_finished_the_count_alone_decides(
     router.end("acme", "b")
     router.end("acme", "d")
     assert router.record("acme", "e").pending == 0
+
+
+def test_a_provisional_document_never_confirmed_stops_counting_at_the_next_publish(
+    client: redis.Redis, key_prefix: str
+) -> None:
+    # Counted by a publisher killed before its send: no worker will end it (#42).
+    lists = InflightCounter(client, key_prefix, 1500, unconfirmed_window=0.2)
+    assert lists.count("acme", "lost", provisional=True)[0] == 0
+    assert lists.count("acme", "kept", provisional=True)[0] == -1
+    assert lists.count("acme", "sent-by-hand")[0] == -2  # not provisional: counted for good
+    assert lists.count("acme", "costed", units=3000, costs=True, provisional=True)[0] == -3
+    lists.confirm([("acme", "kept", 1000)])
+    time.sleep(0.3)
+    # "lost" and "costed" (and its 2 extra units) are dropped; "kept", "sent-by-hand" count.
+    assert lists.count("acme", "next", costs=True)[0] == -2
+    assert lists.read("acme").counted == 3
+    for task_id in ("kept", "sent-by-hand", "next"):
+        assert lists.end("acme", task_id, costs=True) == 1000
+    assert lists.end("acme", "lost") is None and lists.end("acme", "costed", 3000) is None
+    assert client.exists(lists.key("acme")) == 0, "nothing left for the idle reset"
+
+
+def test_a_confirmed_document_counts_until_it_ends_however_long_it_waits(
+    client: redis.Redis, key_prefix: str
+) -> None:
+    lists = InflightCounter(client, key_prefix, 1500, unconfirmed_window=0.1)
+    lists.count("acme", "waits", provisional=True)
+    lists.confirm([("acme", "waits", 1000), ("other", "never-counted", 1000)])
+    time.sleep(0.2)
+    assert lists.count("acme", "later", provisional=True)[0] == -1
+    assert lists.end("acme", "waits") == 1000
+    lists.confirm([("acme", "waits", 1000)])  # a confirm after the end changes nothing
+    assert lists.read("acme").counted == 1
+    assert lists.clear("acme") and client.exists(f"{lists.key('acme')[:-2]}:u") == 0
+
+
+def test_a_provisional_publish_is_still_one_round_trip_and_its_confirm_goes_later(
+    client: redis.Redis, key_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    router = make(client, key_prefix)
+    engine = engine_of(router)
+    engine.decide("warm", "w", provisional=True)
+    sent = record_sends(client, monkeypatch)
+    assert engine.decide("acme", "doc", provisional=True).pending == 0
+    assert len(sent) == 1 and b"EVALSHA" in b"".join(sent[0]).upper()
+    monkeypatch.undo()
+    engine.confirm_quietly("acme", "doc")
+    unconfirmed = f"{engine.store.key('acme')[:-2]}:u"
+    assert client.zcard(unconfirmed) == 1
+    engine.send_confirms_quietly()
+    assert client.exists(unconfirmed) == 0
+    assert router.state("acme").counted == 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from urllib.parse import urlsplit
@@ -14,11 +15,17 @@ import redis
 from celery import Celery
 from celery.exceptions import TimeLimitExceeded, WorkerLostError
 from support.celery_versions import skip_without_fast_redelivery
-from support.services import fast_redelivery, free_port, kill_worker_mid_work, running_worker
+from support.services import (
+    fast_redelivery,
+    free_port,
+    kill_worker_mid_work,
+    running_worker,
+    worker_environment,
+)
 
 from priority_router import CounterUnavailable, PriorityRouter, Reason
 from priority_router.router import engine_of
-from priority_router.store.inflight import member
+from priority_router.store.inflight import UNCONFIRMED_WINDOW, member
 
 pytestmark = pytest.mark.compat
 
@@ -370,3 +377,63 @@ def test_a_publish_rabbitmq_refuses_with_precondition_failed_is_not_left_in_flig
         with Connection(amqp_url) as conn:
             conn.default_channel.queue_delete(queue)
     assert _wait_in_flight(router, "refused", 0, timeout=2) == 0
+
+
+#: A publisher of ``workers.app`` that sends ``argv[1]`` documents of client "orphan"; with
+#: ``STOP_BEFORE_SEND`` its own ``before_task_publish`` receiver, connected after the
+#: router's (so the document is counted), says "counted" and blocks before the send.
+PUBLISHER = """
+import os, sys, time
+from celery.signals import before_task_publish
+from workers.app import create_app
+
+app = create_app(os.environ)
+if os.environ.get("STOP_BEFORE_SEND"):
+    @before_task_publish.connect(weak=False)
+    def stop_before_send(**_):
+        print("counted", flush=True)
+        time.sleep(600)
+for _ in range(int(sys.argv[1])):
+    app.send_task("tests.hold_and_record", (0,), headers={"client_id": "orphan"})
+print("sent", flush=True)
+"""
+
+
+def _publisher(env: dict[str, str], n: int, stop: bool = False) -> subprocess.Popen[str]:
+    full = worker_environment({**env, **({"STOP_BEFORE_SEND": "1"} if stop else {})})
+    return subprocess.Popen(
+        [sys.executable, "-c", PUBLISHER, str(n)], env=full, stdout=subprocess.PIPE, text=True
+    )
+
+
+def test_a_document_its_killed_publisher_never_sent_stops_counting_and_a_backlog_keeps_counting(
+    producer: Callable[[], Celery], worker_env: dict[str, str]
+) -> None:
+    # A publisher SIGKILLed between its count and its send left its document counted for
+    # good: no worker could end it, and each later publish re-armed the idle reset (#42).
+    env = _env(worker_env)
+    app = _app(producer, env)
+    router = _router(env)
+    with _publisher(env, 1, stop=True) as killed:
+        assert killed.stdout is not None and killed.stdout.readline().strip() == "counted"
+        killed.send_signal(signal.SIGKILL)
+    gone_at = time.monotonic()
+    # A backlog no worker takes for two minutes: two from a publisher that exits at once,
+    # two from this process, which stays.
+    with _publisher(env, 2) as exiting:
+        assert exiting.communicate(timeout=60)[0].strip() == "sent"
+    backlog = [app.send_task(HOLD, (0,), headers={"client_id": "orphan"}) for _ in range(2)]
+    assert _wait_in_flight(router, "orphan", 5) == 5
+    time.sleep(max(0.0, gone_at + UNCONFIRMED_WINDOW + 2 - time.monotonic()))
+    # A minute on, the next publish no longer counts the document the broker never had.
+    backlog.append(app.send_task(HOLD, (0,), headers={"client_id": "orphan"}))
+    assert _wait_in_flight(router, "orphan", 5, timeout=5) == 5
+    time.sleep(max(0.0, gone_at + 125 - time.monotonic()))
+    # Two minutes in the queue: the backlog still counts.
+    backlog.append(app.send_task(HOLD, (0,), headers={"client_id": "orphan"}))
+    assert _wait_in_flight(router, "orphan", 6, timeout=5) == 6
+    with running_worker(env, "--pool", "threads", "--concurrency", "2"):
+        assert len([r.get(timeout=60) for r in backlog]) == 4
+        assert _wait_in_flight(router, "orphan", 0) == 0
+    # Nothing is left for the idle reset to clear: the client's list is gone.
+    assert router.state("orphan").ttl_ms is None

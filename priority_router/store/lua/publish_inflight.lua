@@ -4,6 +4,8 @@
 -- KEYS[2]: the client's tier key, "<prefix>{token}:t" (read only when ARGV[4] is "1").
 -- KEYS[3]: the client's order key, "<prefix>{token}:o": the units its newest document was
 --          checked at, a space, and that document's entry.
+-- KEYS[4]: the client's unconfirmed documents, "<prefix>{token}:u": entry -> the time (ms,
+--          the store's clock) after which it is dropped unless its publisher confirmed it.
 -- ARGV[1]: the document's entry (its digest and its extra, inflight.member()).
 -- ARGV[2]: the units its cost adds beyond 1 (a signed integer, store/costs.py; 0 for cost 1).
 -- ARGV[3]: the idle reset, milliseconds.
@@ -11,6 +13,9 @@
 -- ARGV[5]: "1" to read the client's extras (some costed document was counted under the prefix).
 -- ARGV[6]: the extras entry's prefix (costs.SENTINEL).
 -- ARGV[7]: the units of a document of cost 1 (costs.RESOLUTION).
+-- ARGV[8]: ms the document stays counted unless its publisher confirms that the broker took
+--          it (the confirm removes it from KEYS[4]); "0": none asked (it is counted until
+--          it ends, or the idle reset).
 -- Returns: {the units the document is checked at, the stored tier or false}.
 --
 -- The units are the costs in flight before the document, and never fewer than its client's
@@ -27,8 +32,44 @@
 -- documents in publish order before it and an end's LREM -1 meets the extras entry first
 -- and passes it at once (a different length).
 
-local list, order, entry = KEYS[1], KEYS[3], ARGV[1]
+local list, order, unconfirmed, entry = KEYS[1], KEYS[3], KEYS[4], ARGV[1]
 local extra, prefix = tonumber(ARGV[2]), ARGV[6]
+local window = tonumber(ARGV[8])
+
+-- The units beyond 1 an entry stands for: its 4 trailing bytes, big-endian and signed.
+local function extra_of(e)
+  if #e ~= 12 then
+    return 0
+  end
+  local b1, b2, b3, b4 = string.byte(e, 9, 12)
+  local value = ((b1 * 256 + b2) * 256 + b3) * 256 + b4
+  if value >= 2147483648 then
+    value = value - 4294967296
+  end
+  return value
+end
+
+-- Documents whose publisher never confirmed that the broker took them (killed between
+-- this count and its send): no worker will ever end them, so they stop counting here.
+local now = 0
+if window > 0 or redis.call('EXISTS', unconfirmed) == 1 then
+  local time = redis.call('TIME')
+  now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+  local lapsed = redis.call('ZRANGEBYSCORE', unconfirmed, '-inf', now)
+  if #lapsed > 0 then
+    for i = 1, #lapsed do
+      local gone = extra_of(lapsed[i])
+      if redis.call('LREM', list, -1, lapsed[i]) > 0 and gone ~= 0 then
+        local oldest = redis.call('LINDEX', list, -1)
+        if oldest and string.sub(oldest, 1, #prefix) == prefix then
+          local extras = tonumber(string.sub(oldest, #prefix + 1)) - gone
+          redis.call('LSET', list, -1, prefix .. string.format('%d', extras))
+        end
+      end
+    end
+    redis.call('ZREMRANGEBYSCORE', unconfirmed, '-inf', now)
+  end
+end
 
 local floor = 0
 local newest = redis.call('LINDEX', list, 0)
@@ -62,6 +103,10 @@ if units > 0 then
   redis.call('SET', order, string.format('%d', units) .. ' ' .. entry, 'PX', ARGV[3])
 end
 redis.call('PEXPIRE', list, ARGV[3])
+if window > 0 then
+  redis.call('ZADD', unconfirmed, now + window, entry)
+  redis.call('PEXPIRE', unconfirmed, ARGV[3])
+end
 local tier = false
 if ARGV[4] == '1' then
   tier = redis.call('GET', KEYS[2])
