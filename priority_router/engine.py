@@ -134,7 +134,7 @@ class Engine:
     ) -> Decision:
         """A publish's decision; never raises (``PriorityRouter.decide``).  ``provisional``
         (a Celery publish, whose sender confirms it: :meth:`confirm_quietly`): in the
-        inflight mode, the document stops counting after a minute unless confirmed."""
+        inflight mode, the document stops counting after 50 s unless confirmed."""
         batch = current_batch.get()
         if batch is not None:
             reserved = batch.take(client_id)
@@ -356,7 +356,7 @@ class Engine:
         if not self._unconfirmed.add((client_id, task_id, units)) and self._first_time("warning", "confirms"):
             logger.error(
                 "priority-router: more than %d documents' confirms are waiting to reach the counter store; "
-                "the oldest are forgotten (their documents stop counting a minute after their publish)",
+                "the oldest are forgotten (their documents stop counting 50 s after their publish)",
                 MAX_OWED,
             )
         self._unconfirmed.retry_every(CONFIRM_EVERY, self.send_confirms_quietly)

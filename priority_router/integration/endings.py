@@ -108,7 +108,7 @@ def end_unsent(app: Celery, message: Any) -> None:
 
 def confirm_sent(app: Celery, message: Any) -> None:
     """A publish of ``app`` the broker took: the document it counted (``mode="inflight"``)
-    counts until a worker ends it (until confirmed, it stops counting a minute after its
+    counts until a worker ends it (until confirmed, it stops counting 50 s after its
     count: its publisher may have been killed before sending it).  Never raises."""
     headers = getattr(message, "headers", None)
     if (

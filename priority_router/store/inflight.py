@@ -85,7 +85,7 @@ _LUA = Path(__file__).parent / "lua"
 #: Seconds a document counted by a publish stays counted without its publisher confirming
 #: that the broker took it: far longer than a send takes, and than the publisher's
 #: background confirms wait (``engine.CONFIRM_EVERY``).
-UNCONFIRMED_WINDOW = 60.0
+UNCONFIRMED_WINDOW = 50.0
 
 #: One list per client: the documents published and not finished (and, once costed
 #: documents were published, the client's extras as its oldest entry: ``costs.py``).
