@@ -126,7 +126,10 @@ def confirm_sent(app: Celery, message: Any) -> None:
     if task_id is None and isinstance(body, Mapping):  # task protocol 1
         task_id = body.get("id")
     if client is not None and isinstance(task_id, str):
-        router.confirm_quietly(client, task_id, headers.get(H.COST))
+        try:
+            router.confirm_quietly(client, task_id, headers.get(H.COST))
+        except Exception:  # the message is sent: nothing may make its publish raise now
+            logger.exception("priority-router could not keep the confirm of document %s", task_id)
 
 
 def _field(fields: Any, name: str) -> Any:
