@@ -51,9 +51,11 @@ from ..store.client_ids import normalize_client_id
 from ..store.connection import ping_every_master
 from ..store.gate import RECHECK, RELEASE_BATCH, REMEMBER_SENT_MS, Verdict, describe_held
 from ..store.limit_store import Snapshot
+from ..store.old_held import LOCK_MS
 from ..store.owed import OwedEnds
 from ..store.permissions import Refusal, acl_user, refusal
 from . import celery_internals
+from .adopt import ADOPT_EVERY, Adopter
 from .clients import client_from_call
 from .flower import annotate_held
 from .holding import Held, Holding, HoldingUnavailable
@@ -468,6 +470,8 @@ class GateThread(Periodic):
         self._renewed = 0.0
         self._looked = 0.0
         self._reconciled = 0.0
+        self._adopter = Adopter(self.gate)
+        self._adopted = -ADOPT_EVERY  # at the first step
         #: Whether the gate's commands were checked (the store answered the check).
         self.checked = False
 
@@ -502,6 +506,14 @@ class GateThread(Periodic):
         if now - self._reconciled >= RECONCILE:
             self._reconciled = now
             self.gate.reconcile()
+            worked = True
+        if now - self._adopted >= ADOPT_EVERY:
+            # An older release's held documents, in the counter store (docs/lifecycle.md).
+            self._adopted = now
+            self._adopter.adopt()
+            if self._adopter.locked:
+                # Another worker adopts, or one was killed adopting: look again once its lock ran out.
+                self._adopted = now - ADOPT_EVERY + LOCK_MS / 1000
             worked = True
         # Without any limit, only documents held before the limits went are left to release;
         # where no limit was ever stored, none can have been held (but the broker's index).

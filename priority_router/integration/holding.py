@@ -44,6 +44,8 @@ HELD_ID = "priority_router_held_id"
 _HELD_HEADERS = (HELD_EXCHANGE, HELD_ROUTING_KEY, HELD_PRIORITY, HELD_ID)
 #: The message properties a held document keeps.
 KEPT_PROPERTIES = ("correlation_id", "reply_to")
+#: The message properties a document is published with.
+SENT_PROPERTIES = ("priority", "correlation_id", "reply_to", "delivery_mode")
 #: Most index entries one look reads.
 INDEX_BATCH = 1000
 #: The longest holding-queue name used as is; a longer client id is replaced by a digest.
@@ -62,6 +64,38 @@ def holding_queue_name(prefix: str, client_id: str) -> str:
 def index_queue_name(prefix: str) -> str:
     """The broker queue that names the clients whose holding queues have documents."""
     return f"{prefix}holding"
+
+
+@dataclass(frozen=True)
+class Document:
+    """A document's message as it was delivered: its body still serialized, where it went,
+    and the properties a consumer reads."""
+
+    body: bytes
+    headers: dict[str, Any]
+    content_type: str | None
+    content_encoding: str | None
+    exchange: str
+    routing_key: str
+    #: Those of :data:`SENT_PROPERTIES` the message has.
+    properties: dict[str, Any]
+
+    @classmethod
+    def of(cls, message: Any) -> Document:
+        """The document of a kombu ``message``."""
+        body = message.body
+        raw = body.encode("utf-8", "surrogateescape") if isinstance(body, str) else bytes(body)
+        info = message.delivery_info or {}
+        properties = message.properties or {}
+        return cls(
+            raw,
+            dict(message.headers or {}),
+            message.content_type,
+            message.content_encoding,
+            _name(info.get("exchange")),
+            _name(info.get("routing_key")),
+            {k: properties[k] for k in SENT_PROPERTIES if properties.get(k) is not None},
+        )
 
 
 class HoldingUnavailable(Exception):
@@ -121,14 +155,15 @@ class Holding:
         """Publish ``message`` (a kombu message as the broker delivered it) to the client's
         holding queue, and name the client in the index when ``first``.  Raises what kombu
         raises: the caller then lets the document run."""
-        body = message.body
-        raw = body.encode("utf-8", "surrogateescape") if isinstance(body, str) else bytes(body)
-        info = message.delivery_info or {}
-        properties = message.properties or {}
+        self.hold_document(Document.of(message), task_id, client_id, first)
+
+    def hold_document(self, document: Document, task_id: str, client_id: str, first: bool) -> None:
+        """Publish ``document`` to the client's holding queue (as :meth:`hold`)."""
+        properties = document.properties
         headers = {
-            **(message.headers or {}),
-            HELD_EXCHANGE: _name(info.get("exchange")),
-            HELD_ROUTING_KEY: _name(info.get("routing_key")),
+            **document.headers,
+            HELD_EXCHANGE: document.exchange,
+            HELD_ROUTING_KEY: document.routing_key,
             HELD_PRIORITY: properties.get("priority"),
             HELD_ID: task_id,
         }
@@ -137,12 +172,12 @@ class Holding:
             queue = self.queue(client_id)
             producer = Producer(channel)
             producer.publish(
-                raw,
+                document.body,
                 exchange="",
                 routing_key=queue.name,
                 headers=headers,
-                content_type=message.content_type,
-                content_encoding=message.content_encoding,
+                content_type=document.content_type,
+                content_encoding=document.content_encoding,
                 delivery_mode=2,
                 declare=[queue],
                 retry=False,
@@ -150,6 +185,22 @@ class Holding:
             )
             if first:
                 self._name_in_index(producer, client_id)
+
+    def send_document(self, document: Document) -> None:
+        """Publish ``document`` where it first went, at its priority, unchanged."""
+        properties = {k: v for k, v in document.properties.items() if v is not None}
+        properties.setdefault("delivery_mode", 2)
+        with self._using() as channel:
+            Producer(channel).publish(
+                document.body,
+                exchange=document.exchange,
+                routing_key=document.routing_key,
+                headers=document.headers,
+                content_type=document.content_type,
+                content_encoding=document.content_encoding,
+                retry=False,
+                **properties,
+            )
 
     def take(self, client_id: str) -> Held | None:
         """The oldest document held for ``client_id``, unacknowledged; None when none is."""

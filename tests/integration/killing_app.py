@@ -8,7 +8,9 @@ Steps: ``hold:counted`` (counted held, not yet in its holding queue), ``hold:que
 its holding queue, the original not yet acknowledged), ``release:taken`` (taken from the
 holding queue with its slot reserved, not yet published), ``release:published`` (published,
 not yet marked sent), ``release:marked`` (marked sent, the held copy not yet acknowledged),
-``end:ended`` (a document's end counted, nothing released yet); and, on a Redis broker,
+``end:ended`` (a document's end counted, nothing released yet), ``adopt:published`` (a
+document an older release held in the counter store published to the broker, not yet
+forgotten there; at the ``GATE_NTH``-th one, 1 by default); and, on a Redis broker,
 ``fetch:taken`` (a document taken from its queue by the worker's fetch, not yet delivered
 to kombu's consumer, which records it in kombu's ``unacked`` hash).
 """
@@ -25,16 +27,22 @@ from kombu.transport import virtual
 from priority_router.integration import holding
 from priority_router.router import installed_router
 from priority_router.store import gate as store_gate
+from priority_router.store import old_held
 from workers.app import app
 
 __all__ = ["app"]
 
 STEP = os.environ.get("GATE_STEP", "")
 DO = os.environ.get("GATE_DO", "kill")
+NTH = int(os.environ.get("GATE_NTH", "1"))
+_reached: dict[str, int] = {}
 
 
 def _at(step: str) -> None:
     if step != STEP:
+        return
+    _reached[step] = _reached.get(step, 0) + 1
+    if _reached[step] < NTH:
         return
     runs = redis.Redis.from_url(os.environ["RUNS_REDIS_URL"])
     if not runs.set(f"{os.environ['RUNS_KEY']}:stopped", step, nx=True):
@@ -71,3 +79,4 @@ _around(holding.Held, "send", "", "release:published")
 _around(store_gate.GateStore, "sent", "", "release:marked")
 _around(store_gate.GateStore, "end", "", "end:ended", lambda args, _: bool(args[2]))
 _around(virtual.Transport, "_deliver", "fetch:taken", "")
+_around(old_held.OldHeld, "done", "adopt:published", "")
