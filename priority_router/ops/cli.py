@@ -34,6 +34,7 @@ from ..router import PriorityRouter, engine_of, installed_router
 from ..store.counter import Counter, CounterState
 from ..store.gate import describe_held, held_by
 from ..store.inflight import InflightCounter
+from ..store.old_held import OldHeld, describe_old_held
 from ..store.schema import marked_prefixes
 from ..thresholds import table_name
 from ..tiers import Tier
@@ -105,6 +106,7 @@ def status(ctx: click.Context, as_json: bool, app_name: str | None, limit: int |
             ]
             for r in rows:
                 r["gate"] = _gate_row(router, r["client_id"])
+        old_held = _old_held(router)
     except Exception as exc:
         fail(cannot_read(router, exc))
     rows.sort(key=lambda r: (r["priority"], -r["pending"], r["client_id"]))
@@ -148,6 +150,8 @@ def status(ctx: click.Context, as_json: bool, app_name: str | None, limit: int |
     if saturated is not None:
         problem, fix = describe_saturation(saturated, router.policy, router.config.mode)
         console.print(f"[yellow]{escape(problem)}.[/] Fix: {escape(fix)}")
+    if old_held:
+        console.print(f"[yellow]{escape(describe_old_held(old_held))}[/]")
     if not tracked and app_name_of(ctx, app_name) is None:
         prefix = router.config.key_prefix
         marked = marked_prefixes(engine_of(router).redis)
@@ -162,6 +166,11 @@ def status(ctx: click.Context, as_json: bool, app_name: str | None, limit: int |
             console.print(
                 f"(a router in the {other} mode keeps other keys: add --mode {other}, or -A your app)"
             )
+
+
+def _old_held(router: PriorityRouter) -> dict[str, int]:
+    """Documents an older release's workers hold in the counter store, by client."""
+    return OldHeld(engine_of(router).redis, router.config.key_prefix).counts()
 
 
 def _gate_cells(gate: dict[str, Any] | None) -> tuple[str, str, str]:
@@ -207,6 +216,12 @@ def inspect(ctx: click.Context, client: str, as_json: bool, app_name: str | None
     row["thresholds"] = table_name(router.policy)
     if gate is not None:
         row["gate"] = gate
+    try:
+        old_held = OldHeld(engine_of(router).redis, router.config.key_prefix).count(state.client_id)
+    except Exception as exc:
+        fail(cannot_read(router, exc))
+    if old_held:
+        row["held_by_older_release"] = old_held
     if as_json:
         emit_json(row)
         return
@@ -218,6 +233,8 @@ def inspect(ctx: click.Context, client: str, as_json: bool, app_name: str | None
     print_table(table)
     if row["tier"] is not None and not router.config.tiers:
         console.print(TIERS_OFF_NOTE)
+    if old_held:
+        console.print(f"[yellow]{escape(describe_old_held({state.client_id: old_held}))}[/]")
 
 
 def _gate_row(router: PriorityRouter, client_id: str) -> dict[str, Any] | None:

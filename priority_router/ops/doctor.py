@@ -78,6 +78,7 @@ from ..store.gate import GateState
 from ..store.permissions import acl_user, refusal
 from ..store.schema import SCHEMA, SchemaMismatch
 from ..thresholds import table_name
+from .held_checks import UNCOUNTED_FIX, describe_uncounted, older_release_held, uncounted_held
 from .queues import unpriced_waiting
 from .rabbitmq_queue import passive
 from .saturation import describe as describe_saturation
@@ -938,6 +939,20 @@ def _stalled(router: PriorityRouter, held: Mapping[str, GateState]) -> Iterator[
         )
 
 
+def _check_held_releases(app: Celery, transport: Transport) -> Iterator[Finding]:
+    """Held documents where this release's workers do not see them (docs/lifecycle.md): in an
+    older release's layout in the counter store, or in holding queues the store does not count."""
+    router = installed_router(app)
+    if router is None:
+        return
+    old = older_release_held(router)
+    if old is not None:
+        yield Finding("held documents", False, *old)
+    gaps = uncounted_held(app, router)
+    if gaps:
+        yield Finding("held documents", False, describe_uncounted(gaps), UNCOUNTED_FIX)
+
+
 def _room(state: GateState, limits: Limits) -> bool:
     cap = limits.max_in_flight
     return bool(state.held) and limits.rate is None and cap is not None and state.running < cap
@@ -1017,4 +1032,5 @@ _CHECKS: dict[str, Check] = {
     "eta tasks": _check_eta,
     "task_default_priority": _check_default_priority,
     "limits": _check_limits,
+    "held documents": _check_held_releases,
 }

@@ -11,6 +11,7 @@ with the message stored in that release's form (``_pack`` below, its
 from __future__ import annotations
 
 import base64
+import importlib
 import json
 import signal
 import time
@@ -22,10 +23,14 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
+from click.testing import CliRunner
 from kombu import Queue
 from support.services import Worker, fast_redelivery, running_worker
 
 from priority_router import PriorityRouter
+from priority_router.integration.holding import Document, Holding
+from priority_router.ops.cli import main
+from priority_router.router import installed_router
 from priority_router.store.client_ids import client_key, held_index_key
 
 TRACK = "tests.track_running"
@@ -176,3 +181,66 @@ def test_a_worker_killed_while_adopting_loses_none_and_the_next_one_adopts_the_r
     # The one published when the worker died may run twice (at least once), no other.
     assert sum(ran) <= len(docs) + 1, ran
     _wait(lambda: router.gate_state("bulk").held == 0, "documents stayed counted held")
+
+
+def _invoke(*args: str) -> tuple[int, Any]:
+    result = CliRunner().invoke(main, list(args))
+    if "--json" not in args:
+        return result.exit_code, result.output
+    try:
+        return result.exit_code, json.loads(result.output)
+    except json.JSONDecodeError:
+        raise AssertionError(result.output) from None
+
+
+def _app(name: str) -> Celery:
+    return importlib.import_module(name).app  # type: ignore[no-any-return]
+
+
+def test_status_inspect_and_doctor_name_documents_an_older_release_holds_in_the_store(
+    app_module: Callable[..., str], broker_url: str, counter_url: str, key_prefix: str
+) -> None:
+    name = app_module(broker_url, f"q-{uuid.uuid4().hex[:8]}")
+    store = redis.Redis.from_url(counter_url)
+    gate = store.register_script(OLD_GATE.read_text())
+    keys = [client_key(key_prefix, "bulk") + suffix for suffix in (":run", ":held", ":msg", ":gate")]
+    now = int(time.time() * 1000)
+    for task_id in ("running", "held-1", "held-2", "held-3"):
+        gate(keys=keys, args=["admit", task_id, now, 30_000, 1, -1, 0, 0, 0, 100, 1000, b"{}"])
+    assert store.hlen(keys[2]) == 3
+    _, shown = _invoke("status", "-A", name)
+    assert "3 document(s) are held by an older release's workers" in " ".join(shown.split()), shown
+    _, one = _invoke("inspect", "bulk", "-A", name, "--json")
+    assert one["held_by_older_release"] == 3
+    code, findings = _invoke("doctor", "-A", name, "--json")
+    (found,) = [f for f in findings if f["check"] == "held documents"]
+    assert not found["ok"] and "'bulk' (3)" in found["detail"], found
+    assert found["fix"].startswith("start a worker of this release")
+    assert code != 0
+
+
+def test_doctor_names_a_holding_queue_whose_documents_the_store_does_not_count(
+    app_module: Callable[..., str], broker_url: str, counter_url: str, key_prefix: str
+) -> None:
+    """A rollback to a build that held documents in the store: its workers zero the held
+    count of documents this release holds in the broker, and `status` shows none held."""
+    name = app_module(broker_url, f"q-{uuid.uuid4().hex[:8]}")
+    app = _app(name)
+    router = installed_router(app)
+    assert router is not None
+    router.set_tier("bulk", max_in_flight=1)
+    holding = Holding(app, key_prefix)
+    try:
+        for n in range(2):
+            document = Document(b"[[], {}, {}]", {"id": f"t{n}"}, "application/json", "utf-8", "", "q", {})
+            holding.hold_document(document, f"t{n}", "bulk", first=n == 0)
+        code, findings = _invoke("doctor", "-A", name, "--json")
+        (found,) = [f for f in findings if f["check"] == "held documents"]
+        assert "'bulk' (2 in its holding queue, 0 counted)" in found["detail"], found
+        assert found["fix"].startswith("start a worker of this release")
+        assert code != 0
+    finally:
+        with holding._using() as channel:
+            for queue in (holding.queue("bulk"), holding.index()):
+                channel.queue_delete(queue.name)
+        holding.close()
