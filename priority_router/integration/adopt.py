@@ -25,8 +25,12 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+import redis
+
+from ..redact import redact_url
 from ..store.client_ids import normalize_client_id
 from ..store.old_held import OldHeld
+from ..store.permissions import acl_user, refusal
 from .holding import SENT_PROPERTIES, Document
 
 if TYPE_CHECKING:
@@ -73,12 +77,35 @@ class Adopter:
         #: Whether the last look found a client whose documents another worker adopts (or
         #: one killed while adopting them: its lock runs out within seconds).
         self.locked = False
+        #: Whether the store refused the adoption's commands to its user (said once).
+        self.refused = False
 
     def adopt(self) -> int:
         """Adopt every document found; how many were put back in the broker's custody.
-        Raises what the store or the broker raised (the gate thread says so, and retries)."""
+        Raises what the store or the broker raised (the gate thread says so, and retries),
+        but a refusal of the store's user: that one is said once, and the gate goes on."""
         self.locked = False
-        return sum(self._adopt(base) for base in list(self.old.bases()))
+        if self.refused:
+            return 0
+        try:
+            return sum(self._adopt(base) for base in list(self.old.bases()))
+        except redis.ResponseError as exc:
+            refused = refusal(exc)
+            if refused is None:
+                raise
+            self.refused = True
+            config = self.gate.router.config
+            logger.error(
+                "priority-router: the counter store at %s refuses %s to its Redis user (%s), so this worker "
+                "cannot look for documents that workers of an older release held in the store; they wait "
+                "there until a worker adopts them (`priority-router status` names them). Fix: %s, then "
+                "restart the worker",
+                redact_url(config.redis_url),
+                refused.problem(),
+                refused.said,
+                refused.fix(acl_user(config.redis_url), config.key_prefix),
+            )
+            return 0
 
     def _adopt(self, base: str) -> int:
         client = self.old.client_of(base) or self._client_in(base)

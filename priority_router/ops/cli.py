@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+import redis
 from rich.markup import escape
 from rich.table import Table
 
@@ -35,6 +36,7 @@ from ..store.counter import Counter, CounterState
 from ..store.gate import describe_held, held_by
 from ..store.inflight import InflightCounter
 from ..store.old_held import OldHeld, describe_old_held
+from ..store.permissions import acl_user, refusal
 from ..store.schema import marked_prefixes
 from ..thresholds import table_name
 from ..tiers import Tier
@@ -168,9 +170,25 @@ def status(ctx: click.Context, as_json: bool, app_name: str | None, limit: int |
             )
 
 
-def _old_held(router: PriorityRouter) -> dict[str, int]:
-    """Documents an older release's workers hold in the counter store, by client."""
-    return OldHeld(engine_of(router).redis, router.config.key_prefix).counts()
+def _old_held(router: PriorityRouter, client_id: str | None = None) -> dict[str, int]:
+    """Documents an older release's workers hold in the counter store, by client (of
+    ``client_id`` only, given one); a user refused the commands that count them is told so
+    on stderr, and the rest is shown."""
+    old = OldHeld(engine_of(router).redis, router.config.key_prefix)
+    try:
+        return old.counts() if client_id is None else {client_id: old.count(client_id)}
+    except redis.ResponseError as exc:
+        refused = refusal(exc)
+        if refused is None:
+            raise
+        config = router.config
+        click.echo(
+            f"priority-router: could not look for documents an older release's workers hold in the counter "
+            f"store: it refuses {refused.problem()} to its Redis user. Fix: "
+            f"{refused.fix(acl_user(config.redis_url), config.key_prefix)}",
+            err=True,
+        )
+        return {}
 
 
 def _gate_cells(gate: dict[str, Any] | None) -> tuple[str, str, str]:
@@ -217,7 +235,7 @@ def inspect(ctx: click.Context, client: str, as_json: bool, app_name: str | None
     if gate is not None:
         row["gate"] = gate
     try:
-        old_held = OldHeld(engine_of(router).redis, router.config.key_prefix).count(state.client_id)
+        old_held = _old_held(router, state.client_id).get(state.client_id, 0)
     except Exception as exc:
         fail(cannot_read(router, exc))
     if old_held:

@@ -62,9 +62,10 @@ class OldHeld:
     def sample(self, base: str) -> bytes | None:
         """One message of the client's, to read its client id from."""
         for suffix in (ADOPTING, MSG):
-            found: Any = self._redis.hscan(base + suffix, 0, count=10)[1]
-            for message in found.values():
-                return message if isinstance(message, bytes) else str(message).encode()
+            for task_id in self._redis.hkeys(base + suffix)[:1]:
+                message: Any = self._redis.hget(base + suffix, task_id)
+                if message is not None:
+                    return message if isinstance(message, bytes) else str(message).encode()
         return None
 
     def counts(self) -> dict[str, int]:

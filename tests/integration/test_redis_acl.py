@@ -297,3 +297,31 @@ def test_a_worker_refused_a_command_of_the_gate_with_no_client_limited_says_what
     assert re.findall(r"refuses the (\w+) command", log) == ["ZRANGEBYSCORE"], log
     assert "no client has limits now" in log and "+zrangebyscore" in log, log
     assert "sweep failed" not in log, log
+
+
+def test_a_worker_refused_the_look_for_an_older_releases_held_documents_says_so_and_keeps_the_cap(
+    acl_users: Users, worker_env: dict[str, str], redis_server_url: str, key_prefix: str
+) -> None:
+    """A worker user made from the line of a release before adoption (no SCAN): the gate
+    does not open for it; one ERROR names SCAN and the rule, and the cap holds."""
+    admin_url = counter_db_url(redis_server_url)
+    cli_url = acl_users("cli")
+    worker_url = acl_users("worker", without=("scan",))
+    runs = f"runs-{uuid.uuid4().hex[:8]}"
+    env = {**worker_env, "PRIORITY_ROUTER_LEASE": "3", "RUNS_REDIS_URL": admin_url, "RUNS_KEY": runs}
+    _cli(cli_url, key_prefix, "tier", "set", "bulk", "--max-in-flight", "1")
+    app = create_app(env)
+    sent = [app.send_task(TRACK, kwargs={"seconds": 0.2, "client_id": "bulk"}) for _ in range(6)]
+    with running_worker(
+        {**env, "PRIORITY_ROUTER_REDIS_URL": worker_url}, "--pool", "threads", "-c", "3"
+    ) as w:
+        done = [r.get(timeout=30) for r in sent]
+        log = w.output()
+    seen = redis.Redis.from_url(admin_url)
+    assert int(seen.hget(runs, "max:bulk") or 0) == 1, log
+    seen.delete(runs)
+    assert len(done) == 6
+    user = worker_url.split("//", 1)[1].split(":", 1)[0]
+    assert re.findall(r"refuses the (\w+) command", log) == ["SCAN"], log
+    assert f"ACL SETUSER {user} +scan" in log and "older release" in log, log
+    assert "gate is open" not in log and "sweep failed" not in log, log
