@@ -142,10 +142,27 @@ def test_a_worker_of_this_release_runs_every_document_an_older_release_held_once
     with running_worker(env, "-P", "threads", "-c", "3") as worker:
         for doc in docs:
             doc.get(timeout=60)
-        assert "adopted" in worker.output(), worker.output()[-3000:]
+        assert "adopted 20 document(s) of client 'bulk'" in worker.output(), worker.output()[-3000:]
     assert _runs(runs, env, docs) == [1] * len(docs)
     # Adopted into the holding queue, they ran one at a time, as the cap says.
     assert int(runs.hget(env["RUNS_KEY"], "max:bulk") or 0) == 1
+    assert store.hlen(base + ":msg") == 0 and store.hlen(base + ":adopting") == 0
+    _wait(lambda: router.gate_state("bulk").held == 0, "documents stayed counted held")
+
+
+def test_documents_an_older_release_held_for_a_client_whose_limits_were_lifted_go_back_to_their_queue(
+    upgrade: tuple[dict[str, str], redis.Redis, redis.Redis, PriorityRouter, Celery],
+) -> None:
+    env, runs, store, router, app = upgrade
+    docs, base = _hold_as_b0b0e69(app, env, store, 12)
+    router.unset_tier("bulk")
+    with running_worker(env, "-P", "threads", "-c", "3") as worker:
+        for doc in docs:
+            doc.get(timeout=60)
+        assert "no limits now, so they went back to their queue" in worker.output(), worker.output()[-3000:]
+    assert _runs(runs, env, docs) == [1] * len(docs)
+    assert store.hlen(base + ":msg") == 0 and store.hlen(base + ":adopting") == 0
+    assert router.gate_state("bulk").held == 0
     assert store.hlen(base + ":msg") == 0 and store.hlen(base + ":adopting") == 0
     _wait(lambda: router.gate_state("bulk").held == 0, "documents stayed counted held")
 
