@@ -135,8 +135,10 @@ def test_the_documented_acl_lines_run_a_publisher_a_capped_worker_and_the_cli(
 def test_a_publisher_refused_a_command_says_so_once_and_keeps_counting(
     acl_users: Users, key_prefix: str, caplog: pytest.LogCaptureFixture
 ) -> None:
+    # The seed mode, where only the reads of the tier and cost markers use EXISTS (the
+    # inflight mode's publish script asks it at every publish).
     url = acl_users("publisher", without=("exists",))
-    router = PriorityRouter(redis_url=url, key_prefix=key_prefix, mode="inflight", cooldown=0.2)
+    router = PriorityRouter(redis_url=url, key_prefix=key_prefix, cooldown=0.2)
     with caplog.at_level(logging.INFO, logger="priority_router"):
         decisions = [router.decide("acme", task_id=f"t{n}") for n in range(20)]
         time.sleep(0.5)  # a breaker would have probed the store and said it answers again
