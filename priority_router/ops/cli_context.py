@@ -8,10 +8,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import sys
 from typing import Any, NoReturn
 
 import click
+import redis
 from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
@@ -23,6 +25,7 @@ from ..redact import redact_url
 from ..router import PriorityRouter, engine_of, installed_router
 from ..store.breaker import STORE_ERRORS
 from ..store.connection import failing_nodes_note, make_client, ping_every_master, store_error
+from ..store.permissions import acl_user, refusal
 
 console = Console()
 
@@ -239,6 +242,10 @@ def answering_router(ctx: click.Context, app_name: str | None = None) -> Priorit
     try:
         ping_every_master(client)
     except STORE_ERRORS as exc:
+        refused = store_refusal(exc, url, router.config.key_prefix)
+        if refused is not None:
+            problem, fix = refused
+            fail(f"the counter store at {redact_url(url)} {problem}. Fix: {fix}")
         fail(
             f"the counter store at {redact_url(url)} does not answer within {PING_TIMEOUT:g} s "
             f"({store_error(exc)}{failing_nodes_note(client)}): it is stopped, paused or unreachable. "
@@ -248,6 +255,34 @@ def answering_router(ctx: click.Context, app_name: str | None = None) -> Priorit
     finally:
         client.close()
     return router
+
+
+def store_refusal(exc: BaseException, url: str, key_prefix: str) -> tuple[str, str] | None:
+    """What the counter store refused, as (problem, fix), where it answered but said no: a
+    command (an ACL rule), the URL's user or password, or the TLS handshake; None for a
+    store that does not answer.  ``doctor`` and the commands say each with its own fix."""
+    refused = refusal(exc)
+    if refused is not None:
+        return (
+            f"answers, but refuses this Redis user {refused.problem()} ({refused.said})",
+            refused.fix(acl_user(url), key_prefix),
+        )
+    said = store_error(exc)
+    if isinstance(exc, redis.AuthenticationError) or re.search(r"WRONGPASS|NOAUTH|invalid password", said):
+        return (
+            f"refuses the URL's user or password ({said})",
+            "give redis_url / PRIORITY_ROUTER_REDIS_URL the user and password the server has "
+            "(redis://USER:PASSWORD@host:port/db), and check that the user is on (ACL LIST)",
+        )
+    if re.search(r"\[SSL", said):
+        return (
+            f"failed the TLS handshake ({said})",
+            "name the CA that signed the server's certificate in the URL: "
+            "rediss://...?ssl_cert_reqs=required&ssl_ca_certs=/path/to/ca.pem (docs/deployment.md)"
+            if "CERTIFICATE_VERIFY_FAILED" in said
+            else "check that the port serves TLS (rediss://), and the ssl_* parameters of the URL",
+        )
+    return None
 
 
 #: Said wherever a tier is shown for a router configured without tiers.

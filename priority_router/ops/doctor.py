@@ -78,6 +78,7 @@ from ..store.gate import GateState
 from ..store.permissions import acl_user, refusal
 from ..store.schema import SCHEMA, SchemaMismatch
 from ..thresholds import table_name
+from .cli_context import store_refusal
 from .held_checks import UNCOUNTED_FIX, describe_uncounted, older_release_held, uncounted_held
 from .queues import unpriced_waiting
 from .rabbitmq_queue import passive
@@ -631,47 +632,31 @@ def _version(client: redis.Redis) -> str:
         return "? (this Redis user may not run INFO, which only doctor asks)"
 
 
+#: What publishers do meanwhile, while the store fails (``local_counts.py``).
+LOCAL_NOTE = "their own process's recent counts of each client (reason 'local'), not the store's"
+
+
 def _store_failure(router: PriorityRouter, where: str, exc: Exception) -> Finding:
     """Why the counter store failed doctor's questions, each case with its own fix: it
     refuses a command (ACL), the password, or the TLS handshake, or it does not answer."""
     config = router.config
     default = f"default_priority={config.default_priority}"
-    refused = refusal(exc)
+    refused = store_refusal(exc, config.redis_url, config.key_prefix)
     if refused is not None:
-        return Finding(
-            "counter store",
-            False,
-            f"the counter store at {where} answers, but refuses this Redis user {refused.problem()} "
-            f"({refused.said}): what needs it fails open (a publish goes out at {default}), and "
-            "doctor cannot check the store further",
-            refused.fix(acl_user(config.redis_url), config.key_prefix),
+        problem, fix = refused
+        meanwhile = (
+            f": what needs it fails open (a publish goes out at {default}), and doctor cannot check "
+            "the store further"
+            if refusal(exc) is not None
+            else f", so publishers price documents by {LOCAL_NOTE}"
         )
+        return Finding("counter store", False, f"the counter store at {where} {problem}{meanwhile}", fix)
     said = store_error(exc)
-    if isinstance(exc, redis.AuthenticationError) or re.search(r"WRONGPASS|NOAUTH|invalid password", said):
-        return Finding(
-            "counter store",
-            False,
-            f"the counter store at {where} refuses the URL's user or password ({said}), so every "
-            f"document is published at {default}",
-            "give redis_url / PRIORITY_ROUTER_REDIS_URL the user and password the server has "
-            "(redis://USER:PASSWORD@host:port/db), and check that the user is on (ACL LIST)",
-        )
-    if re.search(r"\[SSL", said):
-        return Finding(
-            "counter store",
-            False,
-            f"the TLS handshake with the counter store at {where} failed ({said}), so every document "
-            f"is published at {default}",
-            "name the CA that signed the server's certificate in the URL: "
-            "rediss://...?ssl_cert_reqs=required&ssl_ca_certs=/path/to/ca.pem (docs/deployment.md)"
-            if "CERTIFICATE_VERIFY_FAILED" in said
-            else "check that the port serves TLS (rediss://), and the ssl_* parameters of the URL",
-        )
     return Finding(
         "counter store",
         False,
-        f"the counter store at {where} does not answer ({said}), so every document is published "
-        f"at {default}" + failing_nodes_note(engine_of(router).redis),
+        f"the counter store at {where} does not answer ({said}), so publishers price documents by "
+        f"{LOCAL_NOTE}" + failing_nodes_note(engine_of(router).redis),
         SENTINEL_FIX
         if isinstance(exc, MasterNotFoundError)
         else "start Redis there, or point redis_url / PRIORITY_ROUTER_REDIS_URL at one that answers",

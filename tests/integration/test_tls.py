@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import subprocess
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
+import redis
 from celery import Celery
-from support.services import IN_CI, free_port
+from click.testing import CliRunner
+from support.services import IN_CI, counter_db_url, free_port, running_worker
 
 from priority_router import ConfigurationError, PriorityRouter
 from priority_router.integration.install import settings_error
+from priority_router.ops.cli import main
+from workers.app import create_app
 
 REDIS_SERVER = "/usr/bin/redis-server"
 
@@ -108,3 +115,59 @@ def test_doctor_names_ssl_ca_certs_when_the_certificate_cannot_be_verified(
     finding = doctor_on_store(tmp_path, monkeypatch, url, broker_db_url(redis_server_url))
     assert "TLS handshake" in finding["detail"] and "s3cret-pw" not in finding["detail"], finding
     assert "ssl_ca_certs=" in finding["fix"] and "start Redis" not in finding["fix"], finding
+
+
+@pytest.mark.parametrize("mode", ["seed", "inflight"])
+def test_the_documented_acl_users_run_a_publisher_a_capped_worker_and_the_cli_over_tls(
+    mode: str, tls_redis: tuple[int, Path], worker_env: dict[str, str], redis_server_url: str, key_prefix: str
+) -> None:
+    """The field trial's shape: the counter store behind TLS, each role a least-privilege ACL
+    user made from docs/deployment.md's lines, the CA given with ``ssl_ca_certs``."""
+    from test_redis_acl import TRACK, _cli, _documented_lines
+
+    port, ca = tls_redis
+    tls = f"127.0.0.1:{port}/0?ssl_ca_certs={ca}&ssl_cert_reqs=required"
+    admin = redis.Redis.from_url(f"rediss://:s3cret-pw@{tls}")
+    admin.acl_log_reset()
+    urls = {}
+    for role, line in _documented_lines().items():
+        user = f"pr-tls-{role}-{uuid.uuid4().hex[:6]}"
+        words = [w.replace("priority-router:", key_prefix) for w in shlex.split(line)]
+        words = [w.replace(">CHANGE-ME", f">pw-{user}") for w in words]
+        words[2] = user
+        admin.execute_command(*words)
+        urls[role] = f"rediss://{user}:pw-{user}@{tls}"
+    try:
+        _cli(urls["cli"], key_prefix, "--mode", mode, "tier", "set", "bulk", "--max-in-flight", "1")
+        runs = f"runs-{uuid.uuid4().hex[:8]}"
+        env = {**worker_env, "PRIORITY_ROUTER_MODE": mode, "RUNS_REDIS_URL": counter_db_url(redis_server_url)}
+        env["RUNS_KEY"] = runs
+        app = create_app({**env, "PRIORITY_ROUTER_REDIS_URL": urls["publisher"]})
+        sent = [app.send_task(TRACK, kwargs={"seconds": 0.2, "client_id": "bulk"}) for _ in range(4)]
+        sent += [app.send_task("tests.record_request", kwargs={"client_id": "light"})]
+        with running_worker(
+            {**env, "PRIORITY_ROUTER_REDIS_URL": urls["worker"]}, "-P", "threads", "-c", "3"
+        ) as w:
+            done = [r.get(timeout=60) for r in sent]
+            log = w.output()
+        app.close()
+        seen = redis.Redis.from_url(counter_db_url(redis_server_url))
+        assert int(seen.hget(runs, "max:bulk") or 0) == 1, log  # the cap held, over TLS
+        seen.delete(runs)
+        assert done[-1]["reason"] == "counted", done[-1]  # the publisher's user counted it
+        assert "refuses" not in log and "not answering" not in log, log
+        assert "light" in _cli(urls["cli"], key_prefix, "--mode", mode, "inspect", "light")
+        _cli(urls["cli"], key_prefix, "--mode", mode, "tier", "unset", "bulk")
+        users = {urlsplit(url).username for url in urls.values()}
+        assert [e for e in admin.acl_log() if e.get("username") in users] == []
+        # A wrong password is said as one, not as a store that does not answer.
+        wrong = CliRunner().invoke(
+            main,
+            ["--redis-url", urls["cli"].replace(":pw-", ":not-", 1), "--key-prefix", key_prefix, "status"],
+        )
+        assert wrong.exit_code == 1 and "refuses the URL's user or password" in wrong.output, wrong.output
+        assert "does not answer" not in wrong.output, wrong.output
+    finally:
+        for url in urls.values():
+            admin.acl_deluser(urlsplit(url).username)
+        admin.close()
