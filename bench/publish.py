@@ -7,6 +7,7 @@ same run: one script, one switch per way of asking.
     python bench/publish.py instructions [--cluster 3]   # instructions and system calls per publish
     python bench/publish.py check            # one counter check sent four ways, in PINGs
     python bench/publish.py cluster-check    # one check on Redis Cluster against one Redis
+    python bench/publish.py first [--broker redis|amqp|both]   # a fresh process's first publish
 
 ``python bench/publish.py WAY --help`` says what each measures and takes.  The "floor" of a
 publish hook, which ``overhead``, ``instructions`` and ``bench/end_to_end.py`` run, is plain
@@ -698,6 +699,104 @@ def cluster_check(args: argparse.Namespace) -> None:
 # --- the switch -------------------------------------------------------------------------------
 
 
+def first_child(args: argparse.Namespace) -> dict[str, float]:
+    """One fresh process's first and steady publishes (seconds), each with its time after the send."""
+    import importlib
+
+    from celery.signals import after_task_publish
+    from kombu import Connection
+
+    from workers.app import create_app
+
+    # Both kinds of process import the same modules first (create_app imports the router):
+    # the first publish times work, not imports.
+    for module in ("kombu.transport.redis", "kombu.transport.pyamqp"):
+        importlib.import_module(module)
+    queue = f"first-{uuid.uuid4().hex[:8]}"
+    dbs = RedisDatabases.from_url(args.redis)
+    env = {
+        "BROKER_URL": dbs.broker if args.broker == "redis" else args.broker,
+        "DOCUMENT_QUEUE": queue,
+        "WORKERS_ROUTER": "on" if args.child == "routed" else "off",
+        "PRIORITY_ROUTER_REDIS_URL": dbs.counter,
+        "PRIORITY_ROUTER_KEY_PREFIX": f"{queue}:",
+    }
+    app = create_app(env)
+    app.conf.get("broker_url")  # configured, as an app is once its module is imported
+    sent: list[float] = []
+    after_task_publish.connect(lambda **_: sent.append(time.perf_counter()), weak=False)
+
+    def publish(n: int) -> tuple[float, float]:
+        started = time.perf_counter()
+        app.send_task(
+            "workers.hold_document", (f"c{n % 100}", f"d{n}", 0), headers={"client_id": f"c{n % 100}"}
+        )
+        done = time.perf_counter()
+        return done - started, done - sent[-1]
+
+    try:
+        first, first_after = publish(0)
+        steady = [publish(n) for n in range(1, args.block + 1)]
+    finally:
+        if args.broker == "redis":
+            with redis.Redis.from_url(env["BROKER_URL"]) as client:
+                for pattern in (f"{queue}*", f"_kombu.binding*.{queue}"):
+                    for key in client.scan_iter(match=pattern):
+                        client.unlink(key)
+        else:
+            with Connection(args.broker) as conn:
+                conn.default_channel.queue_delete(queue)
+        with redis.Redis.from_url(dbs.counter) as client:
+            for key in client.scan_iter(match=f"{queue}:*"):
+                client.unlink(key)
+        app.close()
+    return {
+        "first": first,
+        "first after send": first_after,
+        "steady": statistics.median(t for t, _ in steady),
+        "steady after send": statistics.median(a for _, a in steady),
+    }
+
+
+def first(args: argparse.Namespace) -> None:
+    """What a fresh process pays: the first ``apply_async`` of an app configured and
+    installed (a web process's first request), the steady ones after it, and for each the
+    time from the message being on the broker (``after_task_publish``) to ``apply_async``
+    returning, which a caller racing its own worker sees (Celery's suite's
+    ``test_replaced_task_nesting_level_0``).  Fresh processes alternate plain and routed,
+    ``--processes`` pairs per broker; the ratios are routed over plain, pair by pair."""
+    if args.child:
+        print(json.dumps(first_child(args)))
+        return
+    if args.broker not in ("redis", "amqp", "both"):
+        raise SystemExit(f"--broker takes redis, amqp or both, not {args.broker!r}")
+    amqp = os.environ.get("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
+    brokers = {"redis": ["redis"], "amqp": [amqp], "both": ["redis", amqp]}[args.broker]
+    print(
+        f"{args.processes} pairs of fresh publisher processes per broker, plain and routed alternately, "
+        f"{args.block} steady publishes each, medians (ratio: routed/plain pair by pair)"
+    )
+    print("| broker | publish | plain ms | routed ms | routed/plain |")
+    print("|---|---|---|---|---|")
+    for broker in brokers:
+        rows: dict[str, list[dict[str, float]]] = {"plain": [], "routed": []}
+        for n in range(args.processes):
+            for kind in ("plain", "routed") if n % 2 else ("routed", "plain"):
+                command = [sys.executable, __file__, "first", "--child", kind, "--redis", args.redis]
+                command += ["--broker", broker, "--block", str(args.block)]
+                done = subprocess.run(command, capture_output=True, text=True, check=True)
+                rows[kind].append(json.loads(done.stdout.strip().splitlines()[-1]))
+        for name in rows["plain"][0]:
+            plain = [r[name] for r in rows["plain"]]
+            routed = [r[name] for r in rows["routed"]]
+            ratio = statistics.median(r / p for p, r in zip(plain, routed, strict=True))
+            label = "redis" if broker == "redis" else "amqp"
+            print(
+                f"| {label} | {name} | {statistics.median(plain) * 1e3:.3f} "
+                f"| {statistics.median(routed) * 1e3:.3f} | {ratio:.2f} |"
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -750,6 +849,11 @@ def main() -> None:
     sub.add_argument("--checks", type=int, default=10000)
     sub.add_argument("--clients", type=int, default=100)
     sub.add_argument("--slices", type=int, default=50)
+    sub = way("first", first)
+    sub.add_argument("--broker", default="redis", help="redis (the --redis server), amqp (AMQP_URL) or both")
+    sub.add_argument("--processes", type=int, default=10, help="pairs of fresh processes per broker")
+    sub.add_argument("--block", type=int, default=100, help="steady publishes after the first")
+    sub.add_argument("--child", choices=("plain", "routed"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.redis = args.redis.rstrip("/")
     if args.way == "overhead":
