@@ -310,7 +310,7 @@ def test_an_inflight_publish_and_end_are_one_packed_write_each(
         assert router.end(client, "t1") is True
         mine = about(writes, keys.key(client).encode())
         assert [p for p, _ in mine] == [port, port, port]
-        assert [w[:14] for _, w in mine] == [b"*13\r\n$7\r\nEVALSHA"[:14]] * 2 + [MULTI[:14]]
+        assert [w[:14] for _, w in mine] == [b"*15\r\n$7\r\nEVALSHA"[:14]] * 2 + [MULTI[:14]]
 
 
 def test_counts_are_exact_in_both_modes_on_every_master(redis_cluster: LocalCluster, key_prefix: str) -> None:
