@@ -139,10 +139,11 @@ def test_a_worker_partitioned_from_the_store_for_10_s_stalls_nobody_once_it_is_b
     router = PriorityRouter.from_env(env, socket_timeout=5, connect_timeout=5)
     router.set_tier("bulk", max_in_flight=2)
     app: Celery = create_app(env)
-    # 60: at its cap of 2 the client runs 4 a second, so some are still waiting when the
-    # link is back whatever the machine's speed (with 30, a fast run finished them all
-    # during the 10 s partition and the test showed nothing).
-    docs: list[Any] = [app.send_task(TRACK, kwargs={"seconds": 0.5, "client_id": "bulk"}) for _ in range(60)]
+    # 120: at its cap of 2 the client runs 4 a second on the other worker, and the cut-off
+    # worker, failing open, 2 more: at most 60 in the 10 s partition, so some are still
+    # waiting when the link is back whatever the machine's speed (with 60, a run whose
+    # cut-off worker did not stall on the lost link finished them all during it).
+    docs: list[Any] = [app.send_task(TRACK, kwargs={"seconds": 0.5, "client_id": "bulk"}) for _ in range(120)]
     runs = redis.Redis.from_url(env["RUNS_REDIS_URL"])
     cut_off = HostedWorker(host, env, "-P", "threads", "-c", "1")
     try:
