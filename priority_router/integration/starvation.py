@@ -134,13 +134,7 @@ class Sweeper(Periodic):
         connection, self._connection = self._connection, None
         channel, self._channel = self._channel, None
         self._promoter = None
-        if connection is not None:
-            try:
-                if channel is not None:
-                    channel.close()
-                connection.close()
-            except Exception:
-                logger.debug("closing the sweeper's connection failed", exc_info=True)
+        close_quietly(connection, channel, "the sweeper's")
 
 
 def consumed_queues(consumer: Any) -> Callable[[], list[str]]:
@@ -175,3 +169,16 @@ def start_sweeper(app: Celery, consumer: Any, max_wait: float) -> Sweeper:
         sweeper.interval,
     )
     return sweeper
+
+
+def close_quietly(connection: Any, channel: Any, whose: str) -> None:
+    """Close a broker ``connection`` (and its ``channel``) a background thread opened; a
+    failure to close one that already broke is logged at DEBUG, never raised."""
+    if connection is None:
+        return
+    try:
+        if channel is not None:
+            channel.close()
+        connection.close()
+    except Exception:
+        logger.debug("closing %s connection failed", whose, exc_info=True)

@@ -49,7 +49,7 @@ from celery import Celery
 from .. import headers as H
 from ..forks import renew_after_fork
 from .celery_internals import priority_list
-from .starvation import queue_lists
+from .starvation import close_quietly, queue_lists
 
 logger = logging.getLogger("priority_router")
 
@@ -301,13 +301,7 @@ class StrandedWatch:
         connection, self._connection = self._connection, None
         channel, self._channel = self._channel, None
         self._script = None
-        if connection is not None:
-            try:
-                if channel is not None:
-                    channel.close()
-                connection.close()
-            except Exception:
-                logger.debug("closing the stranded watch's connection failed", exc_info=True)
+        close_quietly(connection, channel, "the stranded watch's")
 
 
 def unsent() -> None:
